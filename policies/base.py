@@ -1,0 +1,161 @@
+"""The routing seam: what a policy sees, what it decides, and the protocol it implements.
+
+A policy is pure and synchronous. The router (or the simulator) does all I/O first, then
+hands the policy an immutable ``RequestView`` and one ``ReplicaView`` per candidate
+replica, and gets back a ``Decision``. State a policy keeps (a round-robin cursor, the last
+replica of a session, calibrated cost parameters) changes only through the two hooks
+``dispatched`` (the request was sent to the chosen replica) and ``observe`` (the request
+finished), so the same object runs unchanged in the router and in ``sim/``.
+
+``choose`` never reads a clock or a random source: time arrives as ``RequestView.now``
+and randomness is injected at construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import ClassVar, Protocol, runtime_checkable
+
+ReplicaId = str
+SessionKey = str
+
+
+class Tier(str, Enum):
+    """Where a prefix block lives, fastest first."""
+
+    GPU = "gpu"
+    POOL = "pool"
+    MISS = "miss"
+
+
+@dataclass(frozen=True, slots=True)
+class Residency:
+    """Where the request's prefix lives, as the index believes.
+
+    ``gpu`` maps a replica to the number of leading blocks of the request's chain that
+    its GPU prefix cache holds; ``pool`` is the number of leading blocks the shared pool
+    holds. ``chain_blocks`` is the length of the chain that was looked up and
+    ``block_tokens`` about how many tokens one block stands for.
+    """
+
+    chain_blocks: int = 0
+    block_tokens: int = 256
+    gpu: Mapping[ReplicaId, int] = field(default_factory=dict)
+    pool: int = 0
+
+    def gpu_blocks(self, replica: ReplicaId) -> int:
+        return self.gpu.get(replica, 0)
+
+
+EMPTY_RESIDENCY = Residency()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """What a policy knows about one request.
+
+    ``session`` is the session key (X-Session-ID header, else the body's ``user``, else a
+    hash of the system prompt and first user message). ``prompt_tokens`` is an estimate
+    (text length / 4 in text mode, exact in token mode). ``now`` is the caller's clock in
+    seconds, so policies never read one. ``exclude`` names replicas already tried for
+    this request (failover): a policy must not pick them.
+    """
+
+    request_id: str
+    model: str
+    session: SessionKey
+    endpoint: str = "chat"
+    stream: bool = False
+    prompt_tokens: int = 0
+    max_tokens: int | None = None
+    residency: Residency = EMPTY_RESIDENCY
+    last_replica: ReplicaId | None = None
+    now: float = 0.0
+    exclude: frozenset[ReplicaId] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """What a policy knows about one replica at decision time.
+
+    ``in_flight`` is the router's own count of requests it has outstanding there;
+    ``running``/``waiting``/``kv_usage`` are the engine's last scraped
+    ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and
+    ``vllm:kv_cache_usage_perc`` (0..1).
+    """
+
+    id: ReplicaId
+    url: str
+    healthy: bool = True
+    in_flight: int = 0
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+
+    @property
+    def load(self) -> float:
+        """In-flight plus queued at the engine: the load measure of ``least_loaded``."""
+        return self.in_flight + self.waiting
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The chosen replica and why, in short stable words (``sticky``, ``gpu-hit``, ...)."""
+
+    replica: ReplicaId
+    reason: str
+    predicted_ttft_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a dispatched request ended, fed back through ``Policy.observe``.
+
+    ``ttft_s`` is the time to the first streamed byte (or the whole reply when not
+    streamed); ``ok`` is false when the replica failed the request.
+    """
+
+    request: RequestView
+    decision: Decision
+    ok: bool
+    ttft_s: float | None = None
+    total_s: float | None = None
+
+
+class NoReplicaAvailable(Exception):
+    """Raised by ``choose`` when no candidate is healthy and not excluded."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A routing policy. ``choose`` is pure; state changes only through the hooks."""
+
+    name: ClassVar[str]
+
+    def choose(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision: ...
+
+    def dispatched(self, request: RequestView, decision: Decision) -> None: ...
+
+    def observe(self, outcome: Outcome) -> None: ...
+
+
+class BasePolicy:
+    """No-op hooks and the candidate filter shared by every policy."""
+
+    name: ClassVar[str] = "base"
+
+    def dispatched(self, request: RequestView, decision: Decision) -> None:
+        return None
+
+    def observe(self, outcome: Outcome) -> None:
+        return None
+
+    @staticmethod
+    def candidates(request: RequestView, replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
+        """Healthy replicas not yet tried for this request, in the given order."""
+        out = [r for r in replicas if r.healthy and r.id not in request.exclude]
+        if not out:
+            raise NoReplicaAvailable("no healthy replica left for this request")
+        return out
