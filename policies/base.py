@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import ClassVar, Protocol, runtime_checkable
 
 ReplicaId = str
 SessionKey = str
 
 
-class Tier(str, Enum):
+class Tier(StrEnum):
     """Where a prefix block lives, fastest first."""
 
     GPU = "gpu"

@@ -1,0 +1,150 @@
+"""``create_app(settings)``: build the router; the lifespan starts and stops what it owns.
+
+Everything lives on ``app.state`` (no module globals), so tests run several routers in
+one process. The chat/completions routes are plain Starlette routes taking the raw
+request: FastAPI's body validation stays off the hot path (``openai_api`` parses bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from policies import registry
+from router.errors import LmrouteError, NoHealthyReplica, NotFound, UpstreamConnectError, error_body
+from router.metrics import RouterMetrics
+from router.proxy import Proxy, error_response
+from router.replicas import ReplicaSet
+from router.settings import Settings
+from router.upstream import Upstream
+
+Clock = Callable[[], float]
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
+    """Build the router app for ``settings``; nothing starts until the lifespan runs."""
+    if not settings.backends:
+        raise ValueError("at least one --backend is required")
+    policy = registry.create(settings.policy)
+    upstream = Upstream(settings.connect_timeout_s, settings.first_byte_timeout_s)
+    replicas = ReplicaSet(
+        settings.backends,
+        upstream,
+        health_interval_s=settings.health_interval_s,
+        health_timeout_s=settings.health_timeout_s,
+        eject_after=settings.eject_after,
+        readmit_after=settings.readmit_after,
+        scrape_interval_s=settings.scrape_interval_s,
+        clock=clock,
+    )
+    metrics = RouterMetrics(replicas)
+    proxy = Proxy(
+        replicas=replicas, upstream=upstream, policy=policy, metrics=metrics, clock=clock,
+        max_body_bytes=settings.max_body_bytes, max_attempts=settings.max_attempts,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await upstream.start()
+        replicas.start()
+        try:
+            yield
+        finally:
+            await replicas.stop()
+            await upstream.close()
+
+    app = FastAPI(title="lmroute", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.settings = settings
+    app.state.proxy = proxy
+    app.state.replicas = replicas
+    app.state.metrics = metrics
+
+    async def chat(request: Request) -> Response:
+        return await proxy.handle("chat", request)
+
+    async def completions(request: Request) -> Response:
+        return await proxy.handle("completions", request)
+
+    async def models(request: Request) -> Response:
+        """Union of the healthy replicas' models, first replica's entry wins per id."""
+        auth = request.headers.get("authorization")
+        hdrs = {"authorization": auth} if auth else {}
+        healthy = [r for r in replicas.replicas if r.healthy]
+        if not healthy:
+            return error_response(NoHealthyReplica("no healthy replica to list models from"))
+
+        async def one(url: str) -> list[dict[str, Any]]:
+            try:
+                status, body = await upstream.get(url + "/v1/models", settings.health_timeout_s,
+                                                  headers=hdrs)
+            except UpstreamConnectError:
+                return []
+            if status != 200:
+                return []
+            try:
+                data = orjson.loads(body).get("data", [])
+            except (orjson.JSONDecodeError, AttributeError):
+                return []
+            return [m for m in data if isinstance(m, dict) and "id" in m]
+
+        seen: dict[str, dict[str, Any]] = {}
+        for found in await asyncio.gather(*(one(r.url) for r in healthy)):
+            for m in found:
+                seen.setdefault(str(m["id"]), m)
+        return _json({"object": "list", "data": list(seen.values())})
+
+    async def health(request: Request) -> Response:
+        return _json({"status": "ok"})
+
+    async def ready(request: Request) -> Response:
+        n = sum(r.healthy for r in replicas.replicas)
+        return _json({"ready": n > 0, "healthy_replicas": n}, 200 if n else 503)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def replicas_endpoint(request: Request) -> Response:
+        return _json({"policy": policy.name, "replicas": [r.as_json() for r in replicas.replicas]})
+
+    app.add_route("/v1/chat/completions", chat, methods=["POST"])
+    app.add_route("/v1/completions", completions, methods=["POST"])
+    app.add_route("/v1/models", models, methods=["GET"])
+    app.add_route("/health", health, methods=["GET"])
+    app.add_route("/ready", ready, methods=["GET"])
+    app.add_route("/metrics", metrics_endpoint, methods=["GET"])
+    app.add_route("/replicas", replicas_endpoint, methods=["GET"])
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            return error_response(NotFound(f"no route {request.method} {request.url.path}"))
+        body = error_body(str(exc.detail), "invalid_request_error", None, str(exc.status_code))
+        return Response(body, status_code=exc.status_code, media_type="application/json")
+
+    async def on_lmroute_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, LmrouteError)
+        return error_response(exc)
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        # The one top-level catch-all: a bug must still answer OpenAI-shaped JSON.
+        body = error_body(f"internal router error: {exc!r}", "internal_error", None, "internal")
+        return Response(body, status_code=500, media_type="application/json")
+
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(LmrouteError, on_lmroute_error)
+    app.add_exception_handler(Exception, on_unexpected)
+    return app

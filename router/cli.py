@@ -1,0 +1,94 @@
+"""The ``lmroute`` command.
+
+    lmroute serve   --backend URL [--backend URL ...] [--policy NAME] [--config FILE] ...
+    lmroute replica --port N [--name NAME] ...     an emulated vLLM(+LMCache) replica (sim/)
+    lmroute demo    [--json PATH] [--plot PATH]      emulated replicas + router, policies compared
+    lmroute policies                                 list the registered routing policies
+
+Every ``serve`` option is also read from ``LMROUTE_<OPTION>`` and from the config file
+(``--config`` or ``LMROUTE_CONFIG``); precedence CLI > env > file > default. Only this
+layer imports ``sim`` (for ``replica`` and ``demo``); the request path never does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from router.settings import SettingsError, field_help, load_settings
+
+
+def _add_settings_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML or JSON settings file (env: LMROUTE_CONFIG)")
+    for name, (typ, default, help_text) in field_help().items():
+        flag = "--" + name.replace("_", "-")
+        shown = ",".join(default) if isinstance(default, tuple) else default
+        text = f"{help_text} (env LMROUTE_{name.upper()}; default: {shown!r})"
+        if name == "backends":
+            parser.add_argument("--backend", dest="backends", action="append", help=text)
+        elif typ is bool:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
+                                default=None, help=text)
+        else:
+            parser.add_argument(flag, dest=name, default=None, help=text)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from router.app import create_app
+
+    config_file = args.config or os.environ.get("LMROUTE_CONFIG")
+    try:
+        settings = load_settings(vars(args), os.environ, config_file)
+    except (SettingsError, OSError) as exc:
+        print(f"lmroute: {exc}", file=sys.stderr)
+        return 2
+    if not settings.backends:
+        print("lmroute: at least one --backend URL is required", file=sys.stderr)
+        return 2
+    try:
+        app = create_app(settings)
+    except (ValueError, KeyError) as exc:
+        print(f"lmroute: {exc}", file=sys.stderr)
+        return 2
+    # The replica's own Date/Server headers pass through: uvicorn must not add a second pair.
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                access_log=False, server_header=False, date_header=False)
+    return 0
+
+
+def _policies(args: argparse.Namespace) -> int:
+    from policies import registry
+
+    print("\n".join(registry.names()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lmroute", description="Locality-aware OpenAI-compatible router for vLLM replicas."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the router in front of replicas")
+    _add_settings_options(serve)
+    serve.set_defaults(func=_serve)
+    pol = sub.add_parser("policies", help="list routing policies")
+    pol.set_defaults(func=_policies)
+    from sim.cli import add_sim_commands
+
+    add_sim_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""The router's one exception tree, and how each branch reaches the client.
+
+    LmrouteError                       status, OpenAI error type and code
+    ├── BadRequest            400      malformed JSON, missing or mistyped fields
+    ├── Unauthorized          401      admin API without the admin key
+    ├── NotFound              404      unknown route
+    ├── PayloadTooLarge       413      body over ``max_body_bytes``
+    ├── RateLimited           429      (reserved for admission control)
+    ├── UpstreamError         502      every replica tried failed before the first byte
+    │   ├── UpstreamConnectError       connect refused / reset / timed out (retryable)
+    │   └── UpstreamStreamBroken       the reply broke after bytes reached the client
+    └── NoHealthyReplica      503      nothing to route to
+
+Third-party exceptions (aiohttp, OS errors) are mapped to this tree at one boundary,
+``router.upstream``; every client-visible error is rendered by ``error_body`` as
+``{"error": {"message", "type", "param", "code"}}``, the shape the OpenAI SDKs parse.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+
+class LmrouteError(Exception):
+    status: int = 500
+    type: str = "internal_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+class BadRequest(LmrouteError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class Unauthorized(LmrouteError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(LmrouteError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class PayloadTooLarge(LmrouteError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class RateLimited(LmrouteError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limited"
+
+
+class UpstreamError(LmrouteError):
+    status = 502
+    type = "upstream_error"
+    code = "bad_gateway"
+
+
+class UpstreamConnectError(UpstreamError):
+    code = "upstream_unreachable"
+
+
+class UpstreamStreamBroken(UpstreamError):
+    code = "upstream_stream_broken"
+
+
+class NoHealthyReplica(LmrouteError):
+    status = 503
+    type = "service_unavailable"
+    code = "no_healthy_replica"
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:
+    """Serialize one OpenAI-shaped error object."""
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+def sse_error_event(message: str, code: str = "upstream_stream_broken") -> bytes:
+    """The SSE event that ends a stream whose replica failed after bytes reached the client.
+
+    The OpenAI SDKs raise on a streamed chunk carrying ``error``, so the client learns the
+    reply is incomplete instead of silently taking a truncated answer.
+    """
+    return b"data: " + error_body(message, "upstream_error", None, code) + b"\n\n"

@@ -1,0 +1,202 @@
+"""Replicas: health, the router's in-flight counts, and the engine load scraped from /metrics.
+
+Health is a small state machine per replica. Active probes GET ``/health`` every
+``health_interval_s``; a replica is ejected after ``eject_after`` consecutive failures
+(failed probes, or requests that could not connect) and readmitted after ``readmit_after``
+consecutive good probes. Ejected replicas get no traffic; the router answers 503 when
+none is left.
+
+Load: ``in_flight`` is counted by the router itself (exact, instant). Every
+``scrape_interval_s`` the engine's own view is read from vLLM's Prometheus names
+(REFERENCE.md): ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and
+``vllm:kv_cache_usage_perc``, summed over the engines of one replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from policies.base import ReplicaView
+from router.errors import UpstreamConnectError
+from router.upstream import Upstream
+
+log = logging.getLogger("lmroute.replicas")
+
+SCRAPED = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+}
+
+
+@dataclass(slots=True)
+class Replica:
+    """Mutable state of one replica, owned by the ReplicaSet (one event loop, no locks)."""
+
+    id: str
+    url: str
+    healthy: bool = True
+    fails: int = 0
+    goods: int = 0
+    in_flight: int = 0
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    scraped_at: float | None = None
+    last_error: str = ""
+
+    def view(self) -> ReplicaView:
+        return ReplicaView(
+            id=self.id,
+            url=self.url,
+            healthy=self.healthy,
+            in_flight=self.in_flight,
+            running=self.running,
+            waiting=self.waiting,
+            kv_usage=self.kv_usage,
+        )
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "url": self.url,
+            "healthy": self.healthy,
+            "in_flight": self.in_flight,
+            "consecutive_failures": self.fails,
+            "scraped": {
+                "num_requests_running": self.running,
+                "num_requests_waiting": self.waiting,
+                "kv_cache_usage_perc": self.kv_usage,
+                "at": self.scraped_at,
+            },
+            "last_error": self.last_error,
+        }
+
+
+def parse_engine_load(text: str) -> dict[str, float]:
+    """Sum vLLM's load gauges over engines; missing names read as 0."""
+    out = dict.fromkeys(SCRAPED.values(), 0.0)
+    for family in text_string_to_metric_families(text):
+        attr = SCRAPED.get(family.name)
+        if attr is None:
+            continue
+        out[attr] = sum(sample.value for sample in family.samples)
+    return out
+
+
+class ReplicaSet:
+    """The replicas behind the router, their probes and scrapes."""
+
+    def __init__(
+        self,
+        urls: Iterable[str],
+        upstream: Upstream,
+        *,
+        health_interval_s: float,
+        health_timeout_s: float,
+        eject_after: int,
+        readmit_after: int,
+        scrape_interval_s: float,
+        clock: Callable[[], float],
+        on_health_change: Callable[[Replica], None] | None = None,
+    ):
+        self.replicas = [Replica(id=u.rstrip("/"), url=u.rstrip("/")) for u in urls]
+        self.by_id = {r.id: r for r in self.replicas}
+        self._upstream = upstream
+        self._health_interval_s = health_interval_s
+        self._health_timeout_s = health_timeout_s
+        self._eject_after = eject_after
+        self._readmit_after = readmit_after
+        self._scrape_interval_s = scrape_interval_s
+        self._clock = clock
+        self._on_health_change = on_health_change
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- views -------------------------------------------------------------------
+    def views(self) -> list[ReplicaView]:
+        return [r.view() for r in self.replicas]
+
+    def any_healthy(self) -> bool:
+        return any(r.healthy for r in self.replicas)
+
+    # -- health state machine ------------------------------------------------------
+    def _set_health(self, replica: Replica, healthy: bool) -> None:
+        if replica.healthy != healthy:
+            replica.healthy = healthy
+            log.warning("replica %s is now %s", replica.url, "healthy" if healthy else "ejected")
+            if self._on_health_change is not None:
+                self._on_health_change(replica)
+
+    def record_failure(self, replica: Replica, error: str) -> None:
+        """A probe or a request could not reach the replica."""
+        replica.fails += 1
+        replica.goods = 0
+        replica.last_error = error
+        if replica.fails >= self._eject_after:
+            self._set_health(replica, False)
+
+    def record_success(self, replica: Replica, *, from_probe: bool) -> None:
+        replica.fails = 0
+        if replica.healthy:
+            return
+        if from_probe:
+            replica.goods += 1
+            if replica.goods >= self._readmit_after:
+                replica.goods = 0
+                self._set_health(replica, True)
+
+    async def probe(self, replica: Replica) -> None:
+        try:
+            status, _ = await self._upstream.get(replica.url + "/health", self._health_timeout_s)
+        except UpstreamConnectError as exc:
+            self.record_failure(replica, str(exc))
+            return
+        if status == 200:
+            self.record_success(replica, from_probe=True)
+        else:
+            self.record_failure(replica, f"/health answered {status}")
+
+    async def scrape(self, replica: Replica) -> None:
+        try:
+            status, body = await self._upstream.get(replica.url + "/metrics", self._health_timeout_s)
+        except UpstreamConnectError:
+            return  # health probing owns failure accounting
+        if status != 200:
+            return
+        try:
+            load = parse_engine_load(body.decode("utf-8", "replace"))
+        except ValueError as exc:  # not Prometheus text: keep the last good values
+            replica.last_error = f"/metrics unparsable: {exc}"
+            return
+        replica.running = load["running"]
+        replica.waiting = load["waiting"]
+        replica.kv_usage = load["kv_usage"]
+        replica.scraped_at = self._clock()
+
+    # -- background loops ------------------------------------------------------------
+    async def _loop(self, period: float, action: Callable[[Replica], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.gather(*(action(r) for r in self.replicas))
+            await asyncio.sleep(period)
+
+    def start(self) -> None:
+        if self._health_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._loop(self._health_interval_s, self.probe)))
+        if self._scrape_interval_s > 0:
+            self._tasks.append(
+                asyncio.create_task(self._loop(self._scrape_interval_s, self.scrape))
+            )
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()

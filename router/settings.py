@@ -1,0 +1,146 @@
+"""One typed, frozen settings object, merged from defaults < config file < env < CLI.
+
+Every field can be set four ways: its default here; a TOML or JSON config file
+(``--config FILE``, keys are the field names); an environment variable ``LMROUTE_<FIELD>``
+(upper case; lists comma-separated, booleans 1/0/true/false/yes/no/on/off); a CLI option
+``--field-name``. Later sources win. Values are coerced by the field's declared type, so
+a wrong type fails at start-up with the field's name, never on the request path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+ENV_PREFIX = "LMROUTE_"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Router configuration. ``help`` metadata doubles as the CLI help text."""
+
+    backends: tuple[str, ...] = field(
+        default=(), metadata={"help": "replica base URL, e.g. http://127.0.0.1:8000 (repeat)"}
+    )
+    policy: str = field(default="least_loaded", metadata={"help": "routing policy name"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = field(default=8080, metadata={"help": "port to bind"})
+    max_body_bytes: int = field(
+        default=32 * 1024 * 1024, metadata={"help": "request bodies over this get 413"}
+    )
+    max_attempts: int = field(
+        default=3, metadata={"help": "replicas tried per request before 502 (failover)"}
+    )
+    connect_timeout_s: float = field(default=3.0, metadata={"help": "upstream connect timeout"})
+    first_byte_timeout_s: float = field(
+        default=900.0, metadata={"help": "upstream time to response headers (long prefills)"}
+    )
+    health_interval_s: float = field(default=2.0, metadata={"help": "replica /health period"})
+    health_timeout_s: float = field(default=2.0, metadata={"help": "replica /health timeout"})
+    eject_after: int = field(
+        default=2, metadata={"help": "consecutive failed probes or requests that eject a replica"}
+    )
+    readmit_after: int = field(
+        default=2, metadata={"help": "consecutive good probes that readmit an ejected replica"}
+    )
+    scrape_interval_s: float = field(
+        default=2.0, metadata={"help": "replica /metrics scrape period (0 disables)"}
+    )
+    admin_key: str = field(default="", metadata={"help": "key for the admin API (empty: off)"})
+    log_level: str = field(default="warning", metadata={"help": "uvicorn log level"})
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+class SettingsError(ValueError):
+    """A setting has a wrong name or a value its type cannot take."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(name: str, typ: Any, value: Any) -> Any:
+    """Coerce a raw value (string from env/CLI, or a parsed file value) to the field type."""
+    try:
+        if typ is bool or typ == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise ValueError(value)
+        if typ is int or typ == "int":
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return int(value)
+        if typ is float or typ == "float":
+            return float(value)
+        if typ is str or typ == "str":
+            return str(value)
+        # tuple[str, ...]
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        return tuple(str(v) for v in value)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"setting {name!r}: cannot use {value!r} as {typ}") from exc
+
+
+def _fields() -> dict[str, Any]:
+    hints = get_type_hints(Settings)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Settings)}
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML (``.toml``) or JSON config file into a flat mapping of field names."""
+    p = Path(path)
+    raw = p.read_bytes()
+    data: Any = tomllib.loads(raw.decode()) if p.suffix == ".toml" else json.loads(raw)
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {p} must hold a table/object of settings")
+    return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+def load_settings(
+    cli: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: str | Path | None = None,
+) -> Settings:
+    """Merge the four sources; ``cli`` values of ``None`` mean "not given"."""
+    types = _fields()
+    merged: dict[str, Any] = {}
+    if config_file:
+        for key, value in read_config_file(config_file).items():
+            if key not in types:
+                raise SettingsError(f"unknown setting {key!r} in {config_file}")
+            merged[key] = _coerce(key, types[key], value)
+    for key, value in (env or {}).items():
+        if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX + "CONFIG":
+            continue
+        name = key[len(ENV_PREFIX) :].lower()
+        if name in types:
+            merged[name] = _coerce(name, types[name], value)
+    for key, value in (cli or {}).items():
+        if value is None or key not in types:
+            continue
+        if isinstance(value, list | tuple) and not value:
+            continue
+        merged[key] = _coerce(key, types[key], value)
+    return Settings(**merged)
+
+
+def field_help() -> dict[str, tuple[Any, Any, str]]:
+    """name -> (type, default, help) for building the CLI."""
+    types = _fields()
+    return {
+        f.name: (types[f.name], f.default, str(f.metadata.get("help", "")))
+        for f in dataclasses.fields(Settings)
+    }

@@ -1,0 +1,301 @@
+"""A live emulated vLLM replica: vLLM's HTTP surface over a timing model.
+
+Serves POST /v1/chat/completions and /v1/completions (streamed and not, ``usage``,
+``stream_options.include_usage``), GET /v1/models, /health, /metrics (vLLM's metric
+names), POST /tokenize — the same bodies and SSE framing vLLM sends, so the router, the
+OpenAI SDKs and tests cannot tell it from a real engine except by speed.
+
+Timing comes from an ``Engine``: for each request it returns when the first token is due
+and the time per output token; the server sleeps those durations (model seconds x
+``time_scale``) before sending. Replies are deterministic (``sim.tokens``).
+
+Faults, for tests of the router's failover (POST /_emulator/faults, JSON, all optional):
+``http_status`` answers every completion with that status; ``health_status`` makes
+/health answer it; ``break_after_chunks`` drops the connection after that many SSE
+chunks; ``{}`` clears them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from sim.tokens import prompt_token_ids, reply_words, tokenize_text
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """When a request's tokens are due, in model seconds from admission."""
+
+    ttft_s: float
+    tpot_s: float
+    cached_tokens: int = 0
+    corrupt: bool = False
+
+
+class Engine(Protocol):
+    def admit(self, token_ids: list[int], max_tokens: int, now: float) -> Plan: ...
+
+    def finish(self, token_ids: list[int], now: float) -> None: ...
+
+    def kv_usage(self) -> float: ...
+
+
+@dataclass
+class ConstantEngine:
+    """Fixed TTFT and time per output token: the engine for plain API tests."""
+
+    ttft_s: float = 0.0
+    tpot_s: float = 0.0
+
+    def admit(self, token_ids: list[int], max_tokens: int, now: float) -> Plan:
+        return Plan(self.ttft_s, self.tpot_s)
+
+    def finish(self, token_ids: list[int], now: float) -> None:
+        return None
+
+    def kv_usage(self) -> float:
+        return 0.0
+
+
+@dataclass
+class Faults:
+    http_status: int | None = None
+    health_status: int | None = None
+    break_after_chunks: int | None = None
+
+
+class BrokenStream(Exception):
+    """Raised inside a streaming body to drop the connection (fault injection)."""
+
+
+@dataclass
+class ReplicaMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        labels = ["model_name", "engine"]
+        r = self.registry
+        self.running = Gauge("vllm:num_requests_running", "running", labels, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "waiting", labels, registry=r)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV usage 0..1", labels, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "prompt tokens", labels, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "output tokens", labels,
+                                         registry=r)
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "tokens queried", labels,
+                                      registry=r)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "tokens hit", labels, registry=r)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", labels, registry=r,
+                              buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+
+
+def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class EmulatedReplica:
+    """State and handlers of one emulated replica (one per app, no globals)."""
+
+    def __init__(self, *, model: str, engine: Engine, time_scale: float = 1.0,
+                 clock: Clock = time.monotonic, fixed_created: int | None = None,
+                 max_model_len: int = 1_048_576):
+        self.model = model
+        self.engine = engine
+        self.time_scale = time_scale
+        self.clock = clock
+        self.fixed_created = fixed_created
+        self.max_model_len = max_model_len
+        self.faults = Faults()
+        self.metrics = ReplicaMetrics()
+        self._labels = {"model_name": model, "engine": "0"}
+        self._seq = 0
+
+    def _lbl(self, metric: Any) -> Any:
+        return metric.labels(**self._labels)
+
+    def _created(self) -> int:
+        return self.fixed_created if self.fixed_created is not None else int(time.time())
+
+    def _request_id(self, request: Request, prefix: str) -> str:
+        rid = request.headers.get("x-request-id")
+        if rid:
+            return f"{prefix}-{rid}"
+        self._seq += 1
+        return f"{prefix}-{self._seq:012d}"
+
+    async def completion(self, request: Request, endpoint: str) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return _error(400, "invalid JSON body")
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            return _error(400, "'model' is required")
+        if body["model"] != self.model:
+            return _error(404, f"The model `{body['model']}` does not exist.", "NotFoundError")
+        key = "messages" if endpoint == "chat" else "prompt"
+        if key not in body:
+            return _error(400, f"'{key}' is required")
+        if self.faults.http_status is not None:
+            return _error(self.faults.http_status, "emulated engine fault", "InternalServerError")
+        ids = prompt_token_ids(endpoint, body)
+        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        self._lbl(self.metrics.waiting).inc()
+        plan = self.engine.admit(ids, max_tokens, self.clock())
+        await asyncio.sleep(plan.ttft_s * self.time_scale)
+        self._lbl(self.metrics.waiting).dec()
+        self._lbl(self.metrics.running).inc()
+        m = self.metrics
+        self._lbl(m.prompt_tokens).inc(len(ids))
+        self._lbl(m.prefix_queries).inc(len(ids))
+        self._lbl(m.prefix_hits).inc(plan.cached_tokens)
+        self._lbl(m.ttft).observe(plan.ttft_s * self.time_scale)
+        words = reply_words(ids, max_tokens, salt=1 if plan.corrupt else 0)
+        rid = self._request_id(request, "chatcmpl" if endpoint == "chat" else "cmpl")
+        done = self._done_callback(ids, len(words))
+        if body.get("stream"):
+            opts = body.get("stream_options") or {}
+            usage = _usage(len(ids), len(words), plan.cached_tokens)
+            chunks = self._chunks(endpoint, rid, words, plan, usage if opts.get("include_usage")
+                                  else None, done)
+            return StreamingResponse(chunks, media_type="text/event-stream")
+        await asyncio.sleep(plan.tpot_s * self.time_scale * max(0, len(words) - 1))
+        done()
+        text = "".join(words)
+        choice: dict[str, Any]
+        if endpoint == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text,
+                                              "tool_calls": []},
+                      "logprobs": None, "finish_reason": "length"}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+            obj = "text_completion"
+        return Response(orjson.dumps({
+            "id": rid, "object": obj, "created": self._created(), "model": self.model,
+            "choices": [choice], "usage": _usage(len(ids), len(words), plan.cached_tokens),
+        }), media_type="application/json")
+
+    def _done_callback(self, ids: list[int], n_out: int) -> Callable[[], None]:
+        state = {"done": False}
+
+        def done() -> None:
+            if state["done"]:
+                return
+            state["done"] = True
+            self._lbl(self.metrics.running).dec()
+            self._lbl(self.metrics.generation_tokens).inc(n_out)
+            self.engine.finish(ids, self.clock())
+            self._lbl(self.metrics.kv_usage).set(self.engine.kv_usage())
+
+        return done
+
+    async def _chunks(self, endpoint: str, rid: str, words: list[str], plan: Plan,
+                      usage: dict[str, Any] | None, done: Callable[[], None]
+                      ) -> AsyncIterator[bytes]:
+        created = self._created()
+        obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
+        base = {"id": rid, "object": obj, "created": created, "model": self.model}
+        try:
+            if endpoint == "chat":
+                yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant",
+                            "content": ""}, "logprobs": None, "finish_reason": None}]})
+            for i, word in enumerate(words):
+                if self.faults.break_after_chunks is not None and i >= self.faults.break_after_chunks:
+                    raise BrokenStream("emulated connection drop")
+                if i:
+                    await asyncio.sleep(plan.tpot_s * self.time_scale)
+                last = i == len(words) - 1
+                if endpoint == "chat":
+                    choice: dict[str, Any] = {"index": 0, "delta": {"content": word},
+                                              "logprobs": None,
+                                              "finish_reason": "length" if last else None}
+                else:
+                    choice = {"index": 0, "text": word, "logprobs": None,
+                              "finish_reason": "length" if last else None}
+                yield _sse({**base, "choices": [choice]})
+            if usage is not None:
+                yield _sse({**base, "choices": [], "usage": usage})
+            yield b"data: [DONE]\n\n"
+        finally:
+            done()
+
+    async def models(self, request: Request) -> Response:
+        return Response(orjson.dumps({"object": "list", "data": [{
+            "id": self.model, "object": "model", "created": self._created(),
+            "owned_by": "vllm", "root": self.model, "parent": None,
+            "max_model_len": self.max_model_len}]}), media_type="application/json")
+
+    async def health(self, request: Request) -> Response:
+        status = self.faults.health_status or 200
+        return Response(b"", status_code=status)
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def tokenize(self, request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return _error(400, "invalid JSON body")
+        if "messages" in body:
+            ids = prompt_token_ids("chat", body)
+        else:
+            ids = tokenize_text(str(body.get("prompt", "")))
+        return Response(orjson.dumps({"count": len(ids), "max_model_len": self.max_model_len,
+                                      "tokens": ids}), media_type="application/json")
+
+    async def set_faults(self, request: Request) -> Response:
+        data = orjson.loads(await request.body() or b"{}")
+        self.faults = Faults(**{k: data[k] for k in ("http_status", "health_status",
+                                                    "break_after_chunks") if k in data})
+        return Response(orjson.dumps({"faults": self.faults.__dict__}),
+                        media_type="application/json")
+
+
+def _error(status: int, message: str, type_: str = "BadRequestError") -> Response:
+    # vLLM's error body: OpenAI-shaped, with the HTTP status as the code.
+    return Response(orjson.dumps({"error": {"message": message, "type": type_, "param": None,
+                                            "code": status}}),
+                    status_code=status, media_type="application/json")
+
+
+def create_replica_app(replica: EmulatedReplica) -> Starlette:
+    async def chat(request: Request) -> Response:
+        return await replica.completion(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await replica.completion(request, "completions")
+
+    app = Starlette(routes=[
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", replica.models, methods=["GET"]),
+        Route("/health", replica.health, methods=["GET"]),
+        Route("/metrics", replica.metrics_endpoint, methods=["GET"]),
+        Route("/tokenize", replica.tokenize, methods=["POST"]),
+        Route("/_emulator/faults", replica.set_faults, methods=["POST"]),
+    ])
+    app.state.replica = replica
+    return app

@@ -1,0 +1,86 @@
+"""Real servers for tests: emulated replicas and routers as subprocesses on 127.0.0.1.
+
+Each is started through the ``lmroute`` CLI exactly as a user would, waited for on its
+readiness URL, and killed by pid at teardown (SIGKILL on request, to test failover).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+try:
+    from servers_redis import free_port
+except ImportError:  # tests/ became a package
+    from tests.servers_redis import free_port
+
+LOG_DIR = Path(os.environ.get("LMROUTE_TEST_LOGS", "/tmp/lmroute-test-logs"))
+
+
+class Server:
+    """One ``lmroute`` subprocess listening on ``port``."""
+
+    def __init__(self, args: list[str], port: int, ready_path: str = "/health",
+                 env: dict[str, str] | None = None, name: str = "server"):
+        self.args = args
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.ready_path = ready_path
+        self.env = env
+        self.name = name
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 30.0) -> Server:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        log = open(LOG_DIR / f"{self.name}-{self.port}.log", "ab")  # noqa: SIM115
+        env = {**os.environ, **(self.env or {})}
+        self.proc = subprocess.Popen([sys.executable, "-m", "router.cli", *self.args],
+                                     stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; "
+                                   f"see {LOG_DIR}")
+            try:
+                if httpx.get(self.url + self.ready_path, timeout=0.5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"{self.name} on port {self.port} not ready in {timeout_s}s")
+
+    def kill(self) -> None:
+        """SIGKILL: the replica vanishes mid-whatever, like a crashed host."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc = None
+
+
+def replica(*extra: str, port: int | None = None) -> Server:
+    port = port or free_port()
+    return Server(["replica", "--port", str(port), *extra], port, name="replica")
+
+
+def router(backends: list[str], *extra: str, port: int | None = None) -> Server:
+    port = port or free_port()
+    args = ["serve", "--port", str(port)]
+    for b in backends:
+        args += ["--backend", b]
+    return Server([*args, *extra], port, name="router")
