@@ -12,6 +12,7 @@ from policies.alternating import Alternating
 from policies.base import Policy
 from policies.fixed import Fixed
 from policies.least_loaded import LeastLoaded
+from policies.prefix_affinity import PrefixAffinity
 from policies.round_robin import RoundRobin
 
 POLICIES: dict[str, Callable[[], Policy]] = {
@@ -19,6 +20,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     LeastLoaded.name: LeastLoaded,
     Fixed.name: Fixed,
     Alternating.name: Alternating,
+    PrefixAffinity.name: PrefixAffinity,
 }
 
 

@@ -21,9 +21,11 @@ from starlette.responses import Response
 
 from policies import registry
 from router.errors import LmrouteError, NoHealthyReplica, NotFound, UpstreamConnectError, error_body
+from router.index import open_index
+from router.locator import Locator, capacity_from_bytes
 from router.metrics import RouterMetrics
 from router.proxy import Proxy, error_response
-from router.replicas import ReplicaSet
+from router.replicas import Replica, ReplicaSet
 from router.settings import Settings
 from router.upstream import Upstream
 
@@ -51,8 +53,30 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
         clock=clock,
     )
     metrics = RouterMetrics(replicas)
+    # Text mode: about four bytes of text per token.
+    capacity = capacity_from_bytes(settings.gpu_kv_bytes, settings.pool_bytes,
+                                   settings.block_bytes // 4, settings.kv_bytes_per_token)
+    index = open_index(
+        settings.index, capacity, lookup_timeout_s=settings.index_lookup_timeout_s,
+        block_tokens=settings.block_bytes // 4,
+        on_error=lambda kind: metrics.index_errors.labels(kind).inc(),
+    )
+    locator = Locator(index, metrics, block_bytes=settings.block_bytes,
+                      pool_write_through=settings.pool_write_through and settings.pool_bytes > 0)
+
+    forgetting: set[asyncio.Task[None]] = set()
+
+    def on_health_change(replica: Replica) -> None:
+        # An ejected replica is assumed restarted when it comes back: its GPU cache is gone.
+        if not replica.healthy:
+            task = asyncio.get_running_loop().create_task(locator.forget(replica.id))
+            forgetting.add(task)
+            task.add_done_callback(forgetting.discard)
+
+    replicas.on_health_change = on_health_change
     proxy = Proxy(
-        replicas=replicas, upstream=upstream, policy=policy, metrics=metrics, clock=clock,
+        replicas=replicas, upstream=upstream, policy=policy, locator=locator, metrics=metrics,
+        clock=clock,
         max_body_bytes=settings.max_body_bytes, max_attempts=settings.max_attempts,
     )
 
@@ -65,6 +89,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
         finally:
             await replicas.stop()
             await upstream.close()
+            await locator.close()
 
     app = FastAPI(title="lmroute", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -72,6 +97,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     app.state.proxy = proxy
     app.state.replicas = replicas
     app.state.metrics = metrics
+    app.state.locator = locator
 
     async def chat(request: Request) -> Response:
         return await proxy.handle("chat", request)

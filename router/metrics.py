@@ -88,6 +88,18 @@ class RouterMetrics:
             "lmroute_routing_overhead_seconds", "parse + lookup + choose, before the upstream send",
             buckets=OVERHEAD_BUCKETS, registry=r,
         )
+        self.index_lookups = Counter(
+            "lmroute_index_lookups", "prefix index lookups by the best tier found",
+            ["tier"], registry=r,
+        )
+        self.index_lookup = Histogram(
+            "lmroute_index_lookup_seconds", "one prefix index lookup (one round trip)",
+            buckets=OVERHEAD_BUCKETS, registry=r,
+        )
+        self.index_errors = Counter(
+            "lmroute_index_errors", "index failures (the request went on without it)",
+            ["kind"], registry=r,
+        )
         r.register(_ReplicaCollector(replicas))
 
     def render(self) -> bytes:

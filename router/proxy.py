@@ -3,6 +3,8 @@
 One linear path, like Go's httputil.ReverseProxy:
 1. read the body as bytes, refusing more than ``max_body_bytes`` (413) before parsing;
 2. parse and validate it (``openai_api``; 400 on bad input), derive the session key;
+   hash the prompt into prefix blocks and look up where they live (``locator``: one
+   index round trip);
 3. ask the policy for a replica among the healthy ones not yet tried;
 4. send the original bytes with end-to-end headers (hop-by-hop stripped, X-Request-Id
    kept or created);
@@ -12,7 +14,8 @@ One linear path, like Go's httputil.ReverseProxy:
    retry — a stream that breaks mid-way ends with an SSE error event and a clean close;
 6. the reply's status, end-to-end headers and bytes reach the client unchanged (SSE
    chunks flushed as they arrive), plus x-lmroute-replica / -policy / -reason;
-7. on completion the policy observes the outcome (TTFT = first body byte).
+7. on completion the policy observes the outcome (TTFT = first body byte), and a
+   successful reply records its prefix as held by the serving replica (and the pool).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from router.errors import (
     UpstreamStreamBroken,
     sse_error_event,
 )
+from router.locator import Locator
 from router.metrics import RouterMetrics
 from router.openai_api import Endpoint, ParsedRequest, parse_request
 from router.replicas import Replica, ReplicaSet
@@ -90,14 +94,17 @@ class _Attempt:
     view: RequestView
     decision: Decision
     replica: Replica
+    chain: list[int]
 
 
 class Proxy:
     """Routes chat and completions requests; owns no I/O objects, only uses them."""
 
     def __init__(self, *, replicas: ReplicaSet, upstream: Upstream, policy: Policy,
-                 metrics: RouterMetrics, clock: Clock, max_body_bytes: int, max_attempts: int):
+                 locator: Locator, metrics: RouterMetrics, clock: Clock, max_body_bytes: int,
+                 max_attempts: int):
         self.replicas = replicas
+        self.locator = locator
         self.upstream = upstream
         self.policy = policy
         self.metrics = metrics
@@ -116,7 +123,8 @@ class Proxy:
             self.metrics.client_errors.labels(err.code or err.type).inc()
             return error_response(err, request_id)
 
-    def _view(self, parsed: ParsedRequest, request_id: str, now: float) -> RequestView:
+    async def _view(self, parsed: ParsedRequest, chain: list[int], request_id: str,
+                    now: float) -> RequestView:
         return RequestView(
             request_id=request_id,
             model=parsed.model,
@@ -125,6 +133,8 @@ class Proxy:
             stream=parsed.stream,
             prompt_tokens=parsed.prompt_chars // 4,
             max_tokens=parsed.max_tokens,
+            residency=await self.locator.residency(chain),
+            last_replica=self.locator.last_replica(parsed.session),
             now=now,
         )
 
@@ -134,7 +144,8 @@ class Proxy:
                              for k, v in request.headers.raw)
         headers = [(k, v) for k, v in headers if k.lower() != "x-request-id"]
         headers.append(("x-request-id", request_id))
-        view = self._view(parsed, request_id, t0)
+        chain = self.locator.chain(parsed)
+        view = await self._view(parsed, chain, request_id, t0)
         tried: set[str] = set()
         last_error: UpstreamError | None = None
         last_5xx: tuple[UpstreamResponse, bytes, _Attempt] | None = None
@@ -145,7 +156,7 @@ class Proxy:
             except NoReplicaAvailable:
                 break
             replica = self.replicas.by_id[decision.replica]
-            attempt = _Attempt(view, decision, replica)
+            attempt = _Attempt(view, decision, replica, chain)
             tried.add(replica.id)
             if attempt_no:
                 self.metrics.retries.labels(replica.url).inc()
@@ -209,6 +220,8 @@ class Proxy:
             self.metrics.ttft.labels(url).observe(ttft)
         self.policy.observe(Outcome(attempt.view, attempt.decision, ok=ok, ttft_s=ttft,
                                     total_s=now - t0))
+        if ok:
+            self.locator.served(attempt.view.session, attempt.chain, attempt.replica.id)
 
     def _headers(self, resp: UpstreamResponse, attempt: _Attempt,
                  request_id: str) -> list[tuple[bytes, bytes]]:

@@ -115,7 +115,7 @@ class ReplicaSet:
         self._readmit_after = readmit_after
         self._scrape_interval_s = scrape_interval_s
         self._clock = clock
-        self._on_health_change = on_health_change
+        self.on_health_change = on_health_change
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- views -------------------------------------------------------------------
@@ -130,8 +130,8 @@ class ReplicaSet:
         if replica.healthy != healthy:
             replica.healthy = healthy
             log.warning("replica %s is now %s", replica.url, "healthy" if healthy else "ejected")
-            if self._on_health_change is not None:
-                self._on_health_change(replica)
+            if self.on_health_change is not None:
+                self.on_health_change(replica)
 
     def record_failure(self, replica: Replica, error: str) -> None:
         """A probe or a request could not reach the replica."""

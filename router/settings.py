@@ -51,6 +51,27 @@ class Settings:
     scrape_interval_s: float = field(
         default=2.0, metadata={"help": "replica /metrics scrape period (0 disables)"}
     )
+    index: str = field(
+        default="memory", metadata={"help": "prefix index: 'memory' or redis://host:port/db"}
+    )
+    index_lookup_timeout_s: float = field(
+        default=0.005, metadata={"help": "Redis lookup timeout; past it the local index answers"}
+    )
+    block_bytes: int = field(
+        default=1024, metadata={"help": "text-mode prefix block size in bytes (~256 tokens)"}
+    )
+    pool_write_through: bool = field(
+        default=True, metadata={"help": "a served prefix is also in the shared pool (LMCache)"}
+    )
+    gpu_kv_bytes: int = field(
+        default=64 * 2**30, metadata={"help": "KV cache bytes per replica GPU (index capacity)"}
+    )
+    pool_bytes: int = field(
+        default=256 * 2**30, metadata={"help": "shared pool bytes (index capacity; 0: no pool)"}
+    )
+    kv_bytes_per_token: int = field(
+        default=32 * 1024, metadata={"help": "KV bytes per token (study: 27B, FP8 KV)"}
+    )
     admin_key: str = field(default="", metadata={"help": "key for the admin API (empty: off)"})
     log_level: str = field(default="warning", metadata={"help": "uvicorn log level"})
 

@@ -1,0 +1,125 @@
+"""A PrefixIndex that keeps answering when the shared one (Redis) is down or slow.
+
+Every record goes to a local ``MemoryIndex`` (the fallback) and to the primary (Redis);
+lookups ask the primary and fall back to local memory on an error or after
+``lookup_timeout_s`` (default 5 ms: a lookup on loopback Redis takes ~0.3 ms, so 5 ms
+means trouble, and a routing decision must not wait longer than a cheap miss costs).
+Locality is a hint: a stale or partial view costs cache hits, never correctness, so no
+call ever raises because of the primary.
+
+After a failure the primary is skipped entirely (no timeout paid per request) until a
+backoff expires: ``backoff_initial_s`` (0.5 s), doubling per consecutive failure up to
+``backoff_max_s`` (30 s). The first call after that probes it; a success closes the
+circuit and resets the backoff (redis-py reconnects on that call). Records made while
+the primary was skipped live only in local memory: after a Redis restart the shared view
+starts cold, which is honest.
+
+Errors are counted in ``errors`` (a ``Counter``) by kind, ``lookup_timeout``,
+``lookup_error``, ``record_timeout``, ``record_error``, ``forget_error``, and reported
+through the injected ``on_error(kind)`` (metrics.py plugs in there). ``clock`` (monotonic
+seconds) drives the backoff and is injected so tests control it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from policies.base import ReplicaId, Residency, Tier
+from router.index.base import BlockKey, IndexUnavailable, PrefixIndex, check_record
+
+
+class ResilientIndex:
+    """``PrefixIndex`` over a primary with a local fallback and a backoff circuit."""
+
+    def __init__(
+        self,
+        primary: PrefixIndex,
+        fallback: PrefixIndex,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_error: Callable[[str], None] | None = None,
+        lookup_timeout_s: float = 0.005,
+        write_timeout_s: float = 0.05,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+    ) -> None:
+        self.primary = primary
+        self.fallback = fallback
+        self.errors: Counter[str] = Counter()
+        self._clock = clock
+        self._on_error = on_error
+        self._lookup_timeout_s = lookup_timeout_s
+        self._write_timeout_s = write_timeout_s
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._backoff_s = backoff_initial_s
+        self._retry_at: float | None = None
+
+    @property
+    def degraded(self) -> bool:
+        """True while the last call to the primary failed (answers come from memory)."""
+        return self._retry_at is not None
+
+    def _primary_open(self) -> bool:
+        return self._retry_at is None or self._clock() >= self._retry_at
+
+    def _failed(self, kind: str) -> None:
+        self.errors[kind] += 1
+        if self._on_error is not None:
+            self._on_error(kind)
+        if self._retry_at is not None:
+            self._backoff_s = min(self._backoff_s * 2, self._backoff_max_s)
+        self._retry_at = self._clock() + self._backoff_s
+
+    def _succeeded(self) -> None:
+        self._retry_at = None
+        self._backoff_s = self._backoff_initial_s
+
+    async def lookup(self, chain: Sequence[BlockKey]) -> Residency:
+        if chain and self._primary_open():
+            try:
+                async with asyncio.timeout(self._lookup_timeout_s):
+                    residency = await self.primary.lookup(chain)
+            except TimeoutError:
+                self._failed("lookup_timeout")
+            except IndexUnavailable:
+                self._failed("lookup_error")
+            else:
+                self._succeeded()
+                return residency
+        return await self.fallback.lookup(chain)
+
+    async def record(
+        self, chain: Sequence[BlockKey], tier: Tier, replica: ReplicaId | None = None
+    ) -> None:
+        check_record(tier, replica)  # a caller's mistake still raises, here, at once
+        await self.fallback.record(chain, tier, replica)
+        if chain and self._primary_open():
+            try:
+                async with asyncio.timeout(self._write_timeout_s):
+                    await self.primary.record(chain, tier, replica)
+            except TimeoutError:
+                self._failed("record_timeout")
+            except IndexUnavailable:
+                self._failed("record_error")
+            else:
+                self._succeeded()
+
+    async def forget(self, replica: ReplicaId) -> None:
+        await self.fallback.forget(replica)
+        # A forget matters more than a record (a dead replica must not attract traffic),
+        # so it is tried even while the circuit is open.
+        try:
+            async with asyncio.timeout(self._write_timeout_s):
+                await self.primary.forget(replica)
+        except (TimeoutError, IndexUnavailable):
+            self._failed("forget_error")
+        else:
+            self._succeeded()
+
+    async def close(self) -> None:
+        await self.fallback.close()
+        await self.primary.close()

@@ -1,0 +1,109 @@
+"""Where a request's prefix lives: hash it, look it up, record it once served.
+
+The request path's use of the index, kept out of ``proxy`` so the proxy stays a linear
+forwarder:
+
+- ``chain(parsed)``: text-mode block keys of the body (``router.prefix``), rooted in
+  the model and ``cache_salt``.
+- ``residency(chain)``: ONE index lookup, timed and counted by tier. The index never
+  fails a request: ``ResilientIndex`` falls back to memory, and any ``IndexUnavailable``
+  left over reads as "nothing cached anywhere".
+- ``served(chain, replica)``: after a successful reply the serving replica's GPU now
+  holds the prefix, and with ``pool_write_through`` (LMCache's default store-on-prefill)
+  so does the shared pool. Recorded in a background task: the client never waits on it.
+- ``last_replica(session)``: the replica that last served a session (bounded LRU), which
+  policies use to keep sessions in place (hysteresis).
+
+Capacity (``capacity_from_bytes``): blocks = bytes / (tokens per block x KV bytes per
+token); the study's model has 32 KiB of FP8 KV per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from policies.base import EMPTY_RESIDENCY, ReplicaId, Residency, Tier
+from router.index import IndexCapacity, IndexUnavailable, PrefixIndex
+from router.metrics import RouterMetrics
+from router.openai_api import ParsedRequest
+from router.prefix import BlockKey, chain_for_body
+
+
+def capacity_from_bytes(gpu_kv_bytes: int, pool_bytes: int, block_tokens: int,
+                        kv_bytes_per_token: int) -> IndexCapacity:
+    block_bytes = block_tokens * kv_bytes_per_token
+    return IndexCapacity(gpu_blocks=max(1, gpu_kv_bytes // block_bytes),
+                         pool_blocks=max(1, pool_bytes // block_bytes))
+
+
+class Locator:
+    """The request path's view of the prefix index."""
+
+    def __init__(self, index: PrefixIndex, metrics: RouterMetrics, *, block_bytes: int,
+                 pool_write_through: bool, max_sessions: int = 200_000,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.index = index
+        self.metrics = metrics
+        self.block_bytes = block_bytes
+        self.pool_write_through = pool_write_through
+        self._clock = clock
+        self._sessions: OrderedDict[str, ReplicaId] = OrderedDict()
+        self._max_sessions = max_sessions
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def chain(self, parsed: ParsedRequest) -> list[BlockKey]:
+        return chain_for_body(parsed.body, parsed.endpoint, block_bytes=self.block_bytes)
+
+    async def residency(self, chain: list[BlockKey]) -> Residency:
+        if not chain:
+            return EMPTY_RESIDENCY
+        t0 = self._clock()
+        try:
+            found = await self.index.lookup(chain)
+        except IndexUnavailable:
+            self.metrics.index_errors.labels("lookup").inc()
+            return EMPTY_RESIDENCY
+        self.metrics.index_lookup.observe(self._clock() - t0)
+        if found.gpu:
+            tier = Tier.GPU
+        elif found.pool:
+            tier = Tier.POOL
+        else:
+            tier = Tier.MISS
+        self.metrics.index_lookups.labels(tier.value).inc()
+        return found
+
+    def last_replica(self, session: str) -> ReplicaId | None:
+        return self._sessions.get(session)
+
+    def served(self, session: str, chain: list[BlockKey], replica: ReplicaId) -> None:
+        self._sessions[session] = replica
+        self._sessions.move_to_end(session)
+        if len(self._sessions) > self._max_sessions:
+            self._sessions.popitem(last=False)
+        if chain:
+            task = asyncio.get_running_loop().create_task(self._record(chain, replica))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    async def _record(self, chain: list[BlockKey], replica: ReplicaId) -> None:
+        try:
+            await self.index.record(chain, Tier.GPU, replica)
+            if self.pool_write_through:
+                await self.index.record(chain, Tier.POOL)
+        except IndexUnavailable:
+            self.metrics.index_errors.labels("record").inc()
+
+    async def forget(self, replica: ReplicaId) -> None:
+        try:
+            await self.index.forget(replica)
+        except IndexUnavailable:
+            self.metrics.index_errors.labels("forget").inc()
+
+    async def close(self) -> None:
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        await self.index.close()
