@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 ReplicaId = str
 SessionKey = str
@@ -140,6 +140,8 @@ class Policy(Protocol):
 
     def observe(self, outcome: Outcome) -> None: ...
 
+    def describe(self) -> dict[str, Any]: ...
+
 
 class BasePolicy:
     """No-op hooks and the candidate filter shared by every policy."""
@@ -151,6 +153,10 @@ class BasePolicy:
 
     def observe(self, outcome: Outcome) -> None:
         return None
+
+    def describe(self) -> dict[str, Any]:
+        """Live parameters for GET /policy (JSON-serialisable)."""
+        return {"name": self.name}
 
     @staticmethod
     def candidates(request: RequestView, replicas: Sequence[ReplicaView]) -> list[ReplicaView]:

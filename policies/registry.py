@@ -12,6 +12,7 @@ from policies.alternating import Alternating
 from policies.base import Policy
 from policies.fixed import Fixed
 from policies.least_loaded import LeastLoaded
+from policies.locality import Locality
 from policies.prefix_affinity import PrefixAffinity
 from policies.round_robin import RoundRobin
 
@@ -21,6 +22,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     Fixed.name: Fixed,
     Alternating.name: Alternating,
     PrefixAffinity.name: PrefixAffinity,
+    Locality.name: Locality,
 }
 
 

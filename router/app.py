@@ -154,6 +154,11 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     app.add_route("/metrics", metrics_endpoint, methods=["GET"])
     app.add_route("/replicas", replicas_endpoint, methods=["GET"])
 
+    async def policy_endpoint(request: Request) -> Response:
+        return _json(policy.describe())
+
+    app.add_route("/policy", policy_endpoint, methods=["GET"])
+
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 404:

@@ -88,6 +88,12 @@ class RouterMetrics:
             "lmroute_routing_overhead_seconds", "parse + lookup + choose, before the upstream send",
             buckets=OVERHEAD_BUCKETS, registry=r,
         )
+        self.ttft_ratio = Histogram(
+            "lmroute_ttft_observed_over_predicted",
+            "observed TTFT / the policy's predicted TTFT (1 = exact; policies that predict)",
+            ["replica"], buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0),
+            registry=r,
+        )
         self.index_lookups = Counter(
             "lmroute_index_lookups", "prefix index lookups by the best tier found",
             ["tier"], registry=r,

@@ -218,6 +218,9 @@ class Proxy:
         self.metrics.duration.labels(url).observe(now - t0)
         if ttft is not None:
             self.metrics.ttft.labels(url).observe(ttft)
+            predicted = attempt.decision.predicted_ttft_s
+            if predicted and ok:
+                self.metrics.ttft_ratio.labels(url).observe(ttft / predicted)
         self.policy.observe(Outcome(attempt.view, attempt.decision, ok=ok, ttft_s=ttft,
                                     total_s=now - t0))
         if ok:

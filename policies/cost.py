@@ -1,0 +1,140 @@
+"""The cost model: predicted time to first token of a request on a replica.
+
+    ttft(r) = wait(r) + s_load(r) * pool_load(m) + s_prefill(r) * prefill(c, n)
+
+- ``prefill(c, n) = f + a*n + b*((c+n)^2 - c^2)``: ``n`` uncached tokens after ``c``
+  cached ones. Linear work per token plus attention against everything before it, so a
+  long context costs superlinearly (the study: 31.7 s at 128k, 92.0 s at 256k).
+- ``pool_load(m) = L0 + m * t_tok`` for ``m > 0`` tokens loaded from the shared pool
+  (``t_tok`` = KV bytes per token / pool bandwidth), else 0.
+- ``c`` = the longer of the prefix on r's GPU and the prefix in the pool; ``m`` = the part
+  of the pool prefix beyond r's GPU prefix; ``n`` = the rest of the prompt. The engine
+  always computes the last prompt token, so ``c <= prompt - 1``.
+- ``wait(r)``: prefill work already admitted ahead of us on r (``PendingWork``).
+- ``s_prefill(r)``, ``s_load(r)``: per-replica calibration factors (``Calibration``), 1.0
+  until observations arrive; they absorb a different GPU, model, or an emulator's time
+  scale without touching the prior.
+
+The prior ``STUDY_PRIOR`` is the fit of docs/model.md (27B hybrid model, FP8 KV, 32 KiB per
+token, H200): cold 128k prefill 31.7 s, pool hit 0.605 s. Pure arithmetic, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class CostParams:
+    """Prior cost parameters, in seconds (per token where named so)."""
+
+    prefill_fixed_s: float = 0.25
+    prefill_token_s: float = 1.2567e-4
+    prefill_token2_s: float = 8.583e-10
+    load_fixed_s: float = 0.16
+    load_token_s: float = 32 * 1024 / 25.0e9  # 32 KiB per token over 25 GB/s
+
+    def prefill_s(self, cached: int, new: int) -> float:
+        if new <= 0:
+            return self.prefill_fixed_s
+        total = cached + new
+        return (self.prefill_fixed_s + self.prefill_token_s * new
+                + self.prefill_token2_s * (total * total - cached * cached))
+
+    def pool_load_s(self, tokens: int) -> float:
+        return 0.0 if tokens <= 0 else self.load_fixed_s + tokens * self.load_token_s
+
+
+STUDY_PRIOR = CostParams()
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A predicted TTFT and its parts, for one request on one replica."""
+
+    replica: str
+    wait_s: float
+    load_s: float
+    prefill_s: float
+    gpu_tokens: int
+    pool_tokens: int
+    new_tokens: int
+
+    @property
+    def ttft_s(self) -> float:
+        return self.wait_s + self.load_s + self.prefill_s
+
+
+def split_tokens(prompt: int, gpu: int, pool: int) -> tuple[int, int, int]:
+    """(tokens on this GPU, tokens to load from the pool, tokens to prefill)."""
+    cap = max(0, prompt - 1)
+    g = min(gpu, cap)
+    c = min(max(g, pool), cap)
+    return g, c - g, prompt - c
+
+
+@dataclass(slots=True)
+class Calibration:
+    """Per-replica multiplicative corrections, learned online from observed TTFTs.
+
+    Each observation gives ``r = log(q)``, ``q = (observed - predicted wait) / predicted
+    service`` (service = pool load + prefill). Factors are ``exp(S + P)`` for prefill and
+    ``exp(S + L)`` for pool loads, per replica:
+
+    - ``S``, the replica's overall scale, is the running mean of ``r`` over its first
+      ``warmup`` observations (step ``1/n``): a different GPU, or an emulator at time
+      scale 0.01, is learned from the first few replies, whatever kind they are.
+    - ``P`` and ``L`` then track each part: EWMA with step ``alpha``, ``r`` clipped to
+      ``±log(clip)`` (one outlier moves little) and split by each part's share of the
+      predicted service time, so pool hits teach the pool bandwidth and misses the
+      prefill throughput.
+
+    A replica never observed starts from the other replicas' average ``S``.
+    """
+
+    alpha: float = 0.2
+    warmup: int = 3
+    clip: float = 4.0
+    log_scale: dict[str, float] = field(default_factory=dict)
+    log_prefill: dict[str, float] = field(default_factory=dict)
+    log_load: dict[str, float] = field(default_factory=dict)
+    count: dict[str, int] = field(default_factory=dict)
+
+    def _scale(self, replica: str) -> float:
+        if replica in self.log_scale:
+            return self.log_scale[replica]
+        logs = self.log_scale.values()
+        return sum(logs) / len(logs) if logs else 0.0
+
+    def prefill_scale(self, replica: str) -> float:
+        return math.exp(self._scale(replica) + self.log_prefill.get(replica, 0.0))
+
+    def load_scale(self, replica: str) -> float:
+        return math.exp(self._scale(replica) + self.log_load.get(replica, 0.0))
+
+    def update(self, estimate: Estimate, observed_s: float) -> float | None:
+        """Fold one observation in; returns the log-ratio it carried, or None if unusable."""
+        service = estimate.load_s + estimate.prefill_s
+        if service <= 0 or observed_s <= 0:
+            return None
+        # The wait was predicted too; never let it explain more than 95 % of the reply.
+        q = max(observed_s - estimate.wait_s, observed_s * 0.05) / service
+        r = math.log(q)
+        rid = estimate.replica
+        n = self.count.get(rid, 0) + 1
+        self.count[rid] = n
+        if n <= self.warmup:
+            self.log_scale[rid] = self._scale(rid) + r / n
+            return r
+        r = max(-math.log(self.clip), min(math.log(self.clip), r))
+        share_load = estimate.load_s / service
+        self.log_prefill[rid] = self.log_prefill.get(rid, 0.0) + self.alpha * (1 - share_load) * r
+        self.log_load[rid] = self.log_load.get(rid, 0.0) + self.alpha * share_load * r
+        return r
+
+    def as_json(self) -> dict[str, dict[str, float]]:
+        replicas = sorted(set(self.log_scale) | set(self.log_prefill))
+        return {rid: {"prefill_scale": self.prefill_scale(rid),
+                      "load_scale": self.load_scale(rid),
+                      "observations": self.count.get(rid, 0)} for rid in replicas}

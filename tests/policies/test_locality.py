@@ -1,0 +1,126 @@
+"""The locality policy as a pure object: stay when cheapest, move when the pool makes it cheap."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from policies.base import Decision, Outcome, ReplicaView, RequestView, Residency
+from policies.cost import STUDY_PRIOR, Calibration, Estimate, split_tokens
+from policies.locality import Locality
+
+BT = 256  # tokens per index block
+K128 = 128 * 1024
+
+
+def reps(*ids: str, healthy: bool = True) -> list[ReplicaView]:
+    return [ReplicaView(id=i, url=i, healthy=healthy) for i in ids]
+
+
+def req(rid: str, tokens: int, *, gpu: dict[str, int] | None = None, pool: int = 0,
+        last: str | None = None, now: float = 0.0, session: str = "s") -> RequestView:
+    res = Residency(chain_blocks=tokens // BT, block_tokens=BT, gpu=gpu or {}, pool=pool)
+    return RequestView(request_id=rid, model="m", session=session, prompt_tokens=tokens,
+                       residency=res, last_replica=last, now=now)
+
+
+def test_split_tokens_caps_at_prompt_minus_one() -> None:
+    assert split_tokens(1000, 0, 0) == (0, 0, 1000)
+    assert split_tokens(1000, 512, 768) == (512, 256, 232)
+    assert split_tokens(1000, 2048, 0) == (999, 0, 1)
+    assert split_tokens(1000, 0, 4096) == (0, 999, 1)
+
+
+def test_prior_reproduces_the_study_points() -> None:
+    assert STUDY_PRIOR.prefill_s(0, 131_072) == pytest.approx(31.715, rel=0.02)
+    assert STUDY_PRIOR.prefill_s(0, 262_144) == pytest.approx(92.047, rel=0.02)
+    assert STUDY_PRIOR.pool_load_s(131_072) + STUDY_PRIOR.prefill_s(131_072, 64) == \
+        pytest.approx(0.605, rel=0.1)
+
+
+def test_next_turn_stays_on_the_gpu_that_holds_it() -> None:
+    policy = Locality()
+    blocks = K128 // BT
+    d = policy.choose(req("1", K128 + 500, gpu={"a": blocks}, pool=blocks, last="a"),
+                      reps("a", "b"))
+    assert d == Decision("a", "sticky", d.predicted_ttft_s)
+    assert d.predicted_ttft_s is not None and d.predicted_ttft_s < 1.0
+
+
+def test_moves_to_idle_replica_via_pool_when_its_own_is_busy() -> None:
+    policy = Locality()
+    blocks = K128 // BT
+    # Three cold 128k prefills queued on "a": ~95 s of work ahead.
+    for i in range(3):
+        r = req(f"busy{i}", K128, session=f"other{i}")
+        policy.dispatched(r, Decision("a", "miss"))
+    d = policy.choose(req("x", K128 + 500, gpu={"a": blocks}, pool=blocks, last="a", now=1.0),
+                      reps("a", "b"))
+    assert d.replica == "b" and d.reason == "pool-hit"
+    assert d.predicted_ttft_s is not None and d.predicted_ttft_s < 2.0
+
+
+def test_without_pool_a_move_is_a_recompute_so_it_stays() -> None:
+    policy = Locality()
+    blocks = K128 // BT
+    policy.dispatched(req("busy", 8192, session="o"), Decision("a", "miss"))
+    d = policy.choose(req("x", K128 + 500, gpu={"a": blocks}, pool=0, last="a", now=0.1),
+                      reps("a", "b"))
+    assert d.replica == "a" and d.reason == "sticky"
+
+
+def test_balance_when_load_beats_locality() -> None:
+    policy = Locality()
+    for i in range(4):
+        policy.dispatched(req(f"b{i}", 4 * K128 // 2, session=f"o{i}"), Decision("a", "miss"))
+    d = policy.choose(req("x", 4096, gpu={"a": 16}, last=None, now=0.0), reps("a", "b"))
+    assert (d.replica, d.reason) == ("b", "balance")
+
+
+def test_failover_goes_where_the_pool_serves_the_prefix() -> None:
+    policy = Locality()
+    blocks = K128 // BT
+    views = [ReplicaView(id="a", url="a", healthy=False), *reps("b", "c")]
+    d = policy.choose(req("x", K128 + 500, gpu={"a": blocks}, pool=blocks, last="a"), views)
+    assert d.reason == "failover" and d.replica in {"b", "c"}
+    assert d.predicted_ttft_s is not None and d.predicted_ttft_s < 2.0
+
+
+def test_predicted_work_expires_with_time() -> None:
+    policy = Locality()
+    policy.dispatched(req("busy", K128, session="o"), Decision("a", "miss"))
+    early = policy.estimate(req("x", 1024, now=1.0), reps("a")[0])
+    late = policy.estimate(req("x", 1024, now=100.0), reps("a")[0])
+    assert early.wait_s > 25 and late.wait_s == 0.0
+
+
+def test_observe_releases_the_replica_and_calibrates() -> None:
+    policy = Locality()
+    scale = 0.01  # an emulator running at time scale 0.01
+    for i in range(6):
+        r = req(f"r{i}", 32_768, now=float(i), session=f"s{i}")
+        d = policy.choose(r, reps("a"))
+        policy.dispatched(r, d)
+        assert d.predicted_ttft_s is not None
+        observed = STUDY_PRIOR.prefill_s(0, 32_768) * scale
+        policy.observe(Outcome(r, d, ok=True, ttft_s=observed))
+    final = policy.choose(req("z", 32_768, now=10.0), reps("a"))
+    assert final.predicted_ttft_s == pytest.approx(STUDY_PRIOR.prefill_s(0, 32_768) * scale,
+                                                   rel=0.05)
+    assert policy.estimate(req("q", 10, now=10.0), reps("a")[0]).wait_s == 0.0
+    assert json.dumps(policy.describe())
+
+
+def test_calibration_learns_parts_separately_after_warmup() -> None:
+    cal = Calibration(alpha=0.5, warmup=1)
+    miss = Estimate("a", 0.0, 0.0, 10.0, 0, 0, 1000)
+    hit = Estimate("a", 0.0, 1.0, 0.1, 0, 1000, 10)
+    cal.update(miss, 10.0)  # warm-up: the prior was right
+    for _ in range(20):  # pool loads take twice as long as the prior says
+        cal.update(Estimate("a", 0.0, 1.0 * cal.load_scale("a"), 0.1 * cal.prefill_scale("a"),
+                            0, 1000, 10), 2.0 * 1.0 + 0.1)
+    assert cal.load_scale("a") == pytest.approx(2.0, rel=0.15)
+    assert cal.prefill_scale("a") == pytest.approx(1.0, rel=0.15)
+    assert hit.ttft_s == pytest.approx(1.1)
+    assert cal.prefill_scale("new") == pytest.approx(1.0)  # starts from the others' scale
