@@ -7,12 +7,17 @@ OpenAI SDKs and tests cannot tell it from a real engine except by speed.
 
 Timing comes from an ``Engine``: for each request it returns when the first token is due
 and the time per output token; the server sleeps those durations (model seconds x
-``time_scale``) before sending. Replies are deterministic (``sim.tokens``).
+``time_scale``) before sending. The engine's clock is model time,
+``(clock() - start) / time_scale``, so a model planning a whole timeline at admission
+(``sim.engine_adapter.ModelEngine``) sees the same ordering as wall time. Engines:
+``ConstantEngine`` (fixed TTFT/TPOT, API tests) and ``ModelEngine`` (the replica model).
+Replies are deterministic (``sim.tokens``): two replicas answer one prompt alike.
 
-Faults, for tests of the router's failover (POST /_emulator/faults, JSON, all optional):
+Faults (POST /_emulator/faults, JSON, all optional; ``{}`` clears them):
 ``http_status`` answers every completion with that status; ``health_status`` makes
 /health answer it; ``break_after_chunks`` drops the connection after that many SSE
-chunks; ``{}`` clears them.
+chunks; ``corrupt_pool`` makes every reply that loaded KV from the shared pool differ
+from the true one (the study's corrupted-copy bug class, for validation tools to catch).
 """
 
 from __future__ import annotations
@@ -20,54 +25,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from sim.engine_protocol import ConstantEngine, Engine, Plan
+from sim.replica_metrics import ReplicaMetrics
 from sim.tokens import prompt_token_ids, reply_words, tokenize_text
 
 Clock = Callable[[], float]
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """When a request's tokens are due, in model seconds from admission."""
-
-    ttft_s: float
-    tpot_s: float
-    cached_tokens: int = 0
-    corrupt: bool = False
-
-
-class Engine(Protocol):
-    def admit(self, token_ids: list[int], max_tokens: int, now: float) -> Plan: ...
-
-    def finish(self, token_ids: list[int], now: float) -> None: ...
-
-    def kv_usage(self) -> float: ...
-
-
-@dataclass
-class ConstantEngine:
-    """Fixed TTFT and time per output token: the engine for plain API tests."""
-
-    ttft_s: float = 0.0
-    tpot_s: float = 0.0
-
-    def admit(self, token_ids: list[int], max_tokens: int, now: float) -> Plan:
-        return Plan(self.ttft_s, self.tpot_s)
-
-    def finish(self, token_ids: list[int], now: float) -> None:
-        return None
-
-    def kv_usage(self) -> float:
-        return 0.0
+__all__ = ["ConstantEngine", "EmulatedReplica", "Engine", "Faults", "Plan", "create_replica_app"]
 
 
 @dataclass
@@ -75,30 +48,14 @@ class Faults:
     http_status: int | None = None
     health_status: int | None = None
     break_after_chunks: int | None = None
+    corrupt_pool: bool = False
+
+
+_FAULT_KEYS = ("http_status", "health_status", "break_after_chunks", "corrupt_pool")
 
 
 class BrokenStream(Exception):
     """Raised inside a streaming body to drop the connection (fault injection)."""
-
-
-@dataclass
-class ReplicaMetrics:
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-
-    def __post_init__(self) -> None:
-        labels = ["model_name", "engine"]
-        r = self.registry
-        self.running = Gauge("vllm:num_requests_running", "running", labels, registry=r)
-        self.waiting = Gauge("vllm:num_requests_waiting", "waiting", labels, registry=r)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV usage 0..1", labels, registry=r)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "prompt tokens", labels, registry=r)
-        self.generation_tokens = Counter("vllm:generation_tokens", "output tokens", labels,
-                                         registry=r)
-        self.prefix_queries = Counter("vllm:prefix_cache_queries", "tokens queried", labels,
-                                      registry=r)
-        self.prefix_hits = Counter("vllm:prefix_cache_hits", "tokens hit", labels, registry=r)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", labels, registry=r,
-                              buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
 
 
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
@@ -119,17 +76,27 @@ class EmulatedReplica:
 
     def __init__(self, *, model: str, engine: Engine, time_scale: float = 1.0,
                  clock: Clock = time.monotonic, fixed_created: int | None = None,
-                 max_model_len: int = 1_048_576):
+                 max_model_len: int = 1_048_576, block_size: int = 16,
+                 faults: Faults | None = None):
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
         self.model = model
         self.engine = engine
         self.time_scale = time_scale
         self.clock = clock
         self.fixed_created = fixed_created
         self.max_model_len = max_model_len
-        self.faults = Faults()
+        self.faults = faults or Faults()
         self.metrics = ReplicaMetrics()
+        self.metrics.describe_cache(block_size)
         self._labels = {"model_name": model, "engine": "0"}
+        self.metrics.touch(self._labels)
         self._seq = 0
+        self._start = clock()
+
+    def model_now(self) -> float:
+        """The engine's clock: model seconds since this replica started."""
+        return (self.clock() - self._start) / self.time_scale
 
     def _lbl(self, metric: Any) -> Any:
         return metric.labels(**self._labels)
@@ -160,17 +127,9 @@ class EmulatedReplica:
             return _error(self.faults.http_status, "emulated engine fault", "InternalServerError")
         ids = prompt_token_ids(endpoint, body)
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
-        self._lbl(self.metrics.waiting).inc()
-        plan = self.engine.admit(ids, max_tokens, self.clock())
-        await asyncio.sleep(plan.ttft_s * self.time_scale)
-        self._lbl(self.metrics.waiting).dec()
-        self._lbl(self.metrics.running).inc()
-        m = self.metrics
-        self._lbl(m.prompt_tokens).inc(len(ids))
-        self._lbl(m.prefix_queries).inc(len(ids))
-        self._lbl(m.prefix_hits).inc(plan.cached_tokens)
-        self._lbl(m.ttft).observe(plan.ttft_s * self.time_scale)
-        words = reply_words(ids, max_tokens, salt=1 if plan.corrupt else 0)
+        plan = await self._prefill(ids, max_tokens)
+        corrupt = plan.corrupt or (self.faults.corrupt_pool and plan.pool_hit_tokens > 0)
+        words = reply_words(ids, max_tokens, salt=1 if corrupt else 0)
         rid = self._request_id(request, "chatcmpl" if endpoint == "chat" else "cmpl")
         done = self._done_callback(ids, len(words))
         if body.get("stream"):
@@ -196,6 +155,31 @@ class EmulatedReplica:
             "choices": [choice], "usage": _usage(len(ids), len(words), plan.cached_tokens),
         }), media_type="application/json")
 
+    async def _prefill(self, ids: list[int], max_tokens: int) -> Plan:
+        """Admit, count, and sleep until the first token (waiting, then running)."""
+        m = self.metrics
+        plan = self.engine.admit(ids, max_tokens, self.model_now())
+        if plan.on_first_token is not None:
+            # Scheduled, not awaited: the blocks are written even if the client goes away.
+            asyncio.get_running_loop().call_later(plan.ttft_s * self.time_scale,
+                                                  plan.on_first_token)
+        self._lbl(m.kv_usage).set(self.engine.kv_usage())
+        self._lbl(m.waiting).inc()
+        await asyncio.sleep(plan.queue_s * self.time_scale)
+        self._lbl(m.waiting).dec()
+        self._lbl(m.running).inc()
+        await asyncio.sleep((plan.ttft_s - plan.queue_s) * self.time_scale)
+        gpu_hit = plan.cached_tokens - plan.pool_hit_tokens
+        self._lbl(m.prompt_tokens).inc(len(ids))
+        self._lbl(m.prompt_tokens_cached).inc(plan.cached_tokens)
+        self._lbl(m.prefix_queries).inc(len(ids))
+        self._lbl(m.prefix_hits).inc(gpu_hit)
+        self._lbl(m.external_queries).inc(len(ids) - gpu_hit)
+        self._lbl(m.external_hits).inc(plan.pool_hit_tokens)
+        self._lbl(m.ttft).observe(plan.ttft_s * self.time_scale)
+        self._lbl(m.queue_time).observe(plan.queue_s * self.time_scale)
+        return plan
+
     def _done_callback(self, ids: list[int], n_out: int) -> Callable[[], None]:
         state = {"done": False}
 
@@ -205,6 +189,7 @@ class EmulatedReplica:
             state["done"] = True
             self._lbl(self.metrics.running).dec()
             self._lbl(self.metrics.generation_tokens).inc(n_out)
+            self.metrics.requests.labels(**self._labels, finished_reason="length").inc()
             self.engine.finish(ids, self.clock())
             self._lbl(self.metrics.kv_usage).set(self.engine.kv_usage())
 
@@ -268,8 +253,7 @@ class EmulatedReplica:
 
     async def set_faults(self, request: Request) -> Response:
         data = orjson.loads(await request.body() or b"{}")
-        self.faults = Faults(**{k: data[k] for k in ("http_status", "health_status",
-                                                    "break_after_chunks") if k in data})
+        self.faults = Faults(**{k: data[k] for k in _FAULT_KEYS if k in data})
         return Response(orjson.dumps({"faults": self.faults.__dict__}),
                         media_type="application/json")
 

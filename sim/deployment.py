@@ -1,0 +1,124 @@
+"""Build emulated replicas of one deployment and serve them (and a router) in one event loop.
+
+Pool spec (``--pool``): ``off`` (no shared pool: the study's OFF), ``local`` (a pool of its
+own), or any other name: the in-process pool of that name from a ``PoolRegistry``, so
+replicas built with the same name share one ``SharedPool`` object (the demo's two
+replicas). Sharing across processes is not implemented: separate ``lmroute replica``
+processes with the same name each get their own pool.
+
+``LoopServers`` runs several ``uvicorn.Server`` instances as tasks of the running loop on
+127.0.0.1 ports it picks, waits until each has started, and stops them all (graceful
+shutdown, then cancellation) on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+from sim.engine_adapter import DEFAULT_BLOCK_SIZE, ModelEngine
+from sim.kv_events import KvEventPublisher
+from sim.model import ReplicaModel
+from sim.pool import SharedPool
+from sim.profiles import Profile
+from sim.server import EmulatedReplica, Faults
+
+
+@dataclass
+class PoolRegistry:
+    """Named in-process pools; a registry object is passed explicitly (no module state)."""
+
+    pools: dict[str, SharedPool] = field(default_factory=dict)
+
+    def resolve(self, spec: str, profile: Profile) -> SharedPool | None:
+        if spec == "off":
+            return None
+        if spec == "local":
+            return profile.make_pool()
+        if spec not in self.pools:
+            self.pools[spec] = profile.make_pool()
+        return self.pools[spec]
+
+
+def model_replica(
+    name: str,
+    profile: Profile,
+    pool: SharedPool | None,
+    *,
+    model: str,
+    time_scale: float,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    kv_events_endpoint: str | None = None,
+    kv_events_topic: str = "kv-events",
+    faults: Faults | None = None,
+    fixed_created: int | None = None,
+) -> EmulatedReplica:
+    """An emulated replica whose timing is the replica model of ``profile``."""
+    publisher = KvEventPublisher(kv_events_endpoint, kv_events_topic) if kv_events_endpoint else None
+    engine = ModelEngine(ReplicaModel(name, profile, pool), model_name=model,
+                         block_size=block_size, publisher=publisher)
+    return EmulatedReplica(model=model, engine=engine, time_scale=time_scale,
+                           block_size=block_size, faults=faults, fixed_created=fixed_created)
+
+
+def close_replica(replica: EmulatedReplica) -> None:
+    """Release what a replica holds beyond memory (its KV-event socket)."""
+    engine = replica.engine
+    if isinstance(engine, ModelEngine) and engine.publisher is not None:
+        engine.publisher.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class LoopServers:
+    """``async with LoopServers([app, ...]) as urls``: serve ASGI apps on loopback ports."""
+
+    def __init__(self, apps: Sequence[Any]) -> None:
+        self.apps = list(apps)
+        self._servers: list[uvicorn.Server] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> list[str]:
+        urls = []
+        for app in self.apps:
+            port = free_port()
+            config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                    access_log=False, lifespan="auto")
+            server = uvicorn.Server(config)
+            # Several servers share one loop: none may take over SIGINT/SIGTERM (uvicorn
+            # would restore the handlers out of order); Ctrl-C reaches the caller instead.
+            server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+            self._servers.append(server)
+            self._tasks.append(asyncio.create_task(server.serve()))
+            urls.append(f"http://127.0.0.1:{port}")
+        while not all(s.started for s in self._servers):
+            for task in self._tasks:
+                if task.done():
+                    await self.__aexit__(None, None, None)
+                    raise RuntimeError("a server failed to start") from task.exception()
+            await asyncio.sleep(0.01)
+        return urls
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        for server in self._servers:
+            server.should_exit = True
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=5.0)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._servers.clear()
+        self._tasks.clear()

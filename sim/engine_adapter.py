@@ -1,0 +1,147 @@
+"""The replica model behind the live server: token ids -> engine block hashes -> model plan.
+
+Hashing (the emulated engine's own, not the router's keys and not vLLM's sha256): the
+prompt's token ids are cut into full blocks of ``block_size`` ids and chained,
+``h_i = xxh3_64(uint32 ids of block i, seed=h_{i-1})`` with ``h_{-1} = xxh3_64(model)``,
+so equal prefixes give equal hashes on every replica of one model (vLLM's property with a
+fixed hash seed). The model works at the profile's chunk size ``C`` (a multiple of
+``block_size``): chunk ``j``'s key is the hash of its last engine block, which stands for
+the whole prefix up to it. Only whole chunks are cached, as the model's fit assumes.
+
+Why two sizes. ``C`` is the study's 1,568-token LMCache chunk and the granularity at
+which the fit matches prefixes (docs/model.md: the re-prefilled tail of each session turn
+depends on it), so the pool publishes ``medium: "cpu"`` events per chunk with
+``block_size = C`` and the chunk keys as hashes. LMCache's default chunk of 256 would
+change the fitted session numbers, so the pool keeps ``C``. The GPU publishes
+``medium: "GPU"`` events at ``block_size`` (default 16, vLLM's CUDA default; 1,568 =
+98 x 16), the granularity a real engine reports; since the model caches whole chunks, the
+GPU events always come in runs of ``C / block_size`` blocks and describe exactly what
+the model holds. A router recomputes its own keys from the events' ``token_ids``.
+
+Events are published when the request's prefill ends (``Plan.on_first_token``), as vLLM
+publishes blocks once computed: removals first (the allocation evicted them), then stores,
+each contiguous run of new chunks as one ``BlockStored`` whose ``parent_block_hash``
+links it to the block before it.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+
+import xxhash
+
+from sim.engine_protocol import Plan
+from sim.gpu_cache import BlockKey
+from sim.kv_events import Event, KvEventPublisher, all_blocks_cleared, block_removed, block_stored
+from sim.model import Plan as ModelPlan
+from sim.model import ReplicaModel, ReplicaRequest
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, root: int) -> list[int]:
+    """Chained xxh3-64 of each full block of ``block_size`` token ids (see module doc)."""
+    data = array("I", token_ids).tobytes()
+    step = 4 * block_size
+    out: list[int] = []
+    parent = root
+    for start in range(0, (len(token_ids) // block_size) * step, step):
+        parent = xxhash.xxh3_64_intdigest(data[start : start + step], seed=parent)
+        out.append(parent)
+    return out
+
+
+class ModelEngine:
+    """``sim.server.Engine`` over a ``ReplicaModel``; publishes KV events if given a publisher."""
+
+    def __init__(self, model: ReplicaModel, *, model_name: str,
+                 block_size: int = DEFAULT_BLOCK_SIZE,
+                 publisher: KvEventPublisher | None = None) -> None:
+        chunk = model.profile.chunk_tokens
+        if block_size <= 0 or chunk % block_size:
+            raise ValueError(f"block size {block_size} must divide the chunk size {chunk}")
+        self.model = model
+        self.block_size = block_size
+        self.per_chunk = chunk // block_size
+        self.publisher = publisher
+        self.root = xxhash.xxh3_64_intdigest(model_name.encode())
+        self._seq = 0
+        # Engine block hashes of each chunk this GPU holds, to name them in BlockRemoved.
+        self._gpu_blocks: dict[BlockKey, tuple[int, ...]] = {}
+
+    def chain(self, token_ids: Sequence[int]) -> tuple[list[int], list[BlockKey]]:
+        """(engine block hashes of the whole chunks, chunk keys) of a prompt."""
+        chunk = self.model.profile.chunk_tokens
+        whole = (len(token_ids) // chunk) * chunk
+        hashes = block_hashes(token_ids[:whole], self.block_size, self.root)
+        return hashes, hashes[self.per_chunk - 1 :: self.per_chunk]
+
+    def admit(self, token_ids: list[int], max_tokens: int, now: float) -> Plan:
+        hashes, keys = self.chain(token_ids)
+        self._seq += 1
+        plan = self.model.admit(ReplicaRequest(tuple(keys), max(1, len(token_ids)),
+                                               max(1, max_tokens), now, f"r{self._seq}"))
+        gpu_stored = set(plan.gpu.stored)
+        for j, key in enumerate(keys):
+            if key in gpu_stored:
+                self._gpu_blocks[key] = tuple(hashes[j * self.per_chunk:(j + 1) * self.per_chunk])
+        gpu_removed = [h for key in plan.gpu.evicted for h in self._gpu_blocks.pop(key, ())]
+        events = self._events(token_ids, hashes, keys, plan, gpu_removed)
+
+        def publish() -> None:
+            if self.publisher is not None:
+                self.publisher.publish(events)
+
+        return Plan(ttft_s=plan.ttft_s, tpot_s=plan.tpot_s, cached_tokens=plan.cached_tokens,
+                    corrupt=plan.corrupt, pool_hit_tokens=plan.pool_hit_tokens,
+                    queue_s=plan.queue_s, on_first_token=publish)
+
+    def _events(self, ids: Sequence[int], hashes: list[int], keys: list[BlockKey],
+                plan: ModelPlan, gpu_removed: list[int]) -> list[Event]:
+        if self.publisher is None:
+            return []
+        chunk = self.model.profile.chunk_tokens
+        events: list[Event] = []
+        if gpu_removed:
+            events.append(block_removed(gpu_removed, "GPU"))
+        if plan.pool.evicted:
+            events.append(block_removed(plan.pool.evicted, "cpu"))
+        for medium, stored in (("GPU", set(plan.gpu.stored)), ("cpu", set(plan.pool.stored))):
+            for first, last in _runs([j for j, k in enumerate(keys) if k in stored]):
+                if medium == "GPU":
+                    lo, hi = first * self.per_chunk, (last + 1) * self.per_chunk
+                    parent = hashes[lo - 1] if lo else None
+                    events.append(block_stored(hashes[lo:hi], parent,
+                                               ids[lo * self.block_size:hi * self.block_size],
+                                               self.block_size, medium))
+                else:
+                    parent = keys[first - 1] if first else None
+                    events.append(block_stored(keys[first:last + 1], parent,
+                                               ids[first * chunk:(last + 1) * chunk],
+                                               chunk, medium))
+        return events
+
+    def finish(self, token_ids: list[int], now: float) -> None:
+        return None  # the model planned the whole timeline at admission
+
+    def kv_usage(self) -> float:
+        return self.model.kv_usage()
+
+    def restart(self) -> None:
+        """Empty the GPU cache and queue (an engine restart); announces AllBlocksCleared."""
+        self.model.restart()
+        self._gpu_blocks.clear()
+        if self.publisher is not None:
+            self.publisher.publish([all_blocks_cleared()])
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Contiguous runs of sorted indices as (first, last) pairs."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
