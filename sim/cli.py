@@ -92,3 +92,10 @@ def add_sim_commands(sub: Any) -> None:
     demo = sub.add_parser("demo", help="emulated replicas + router: policies x pool on/off")
     add_demo_options(demo)
     demo.set_defaults(func=_demo)
+
+    from sim.live_report import add_live_options
+    from sim.live_report import main as live_main
+
+    live = sub.add_parser("live", help="emulated replicas + router: policies under rising load")
+    add_live_options(live)
+    live.set_defaults(func=live_main)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -34,15 +33,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
-import orjson
 import xxhash
 
 from sim.deployment import LoopServers, close_replica, model_replica
+from sim.driver import MODEL, Turn, chat_turn, text_of
 from sim.profiles import get_profile
 from sim.server import create_replica_app
-from sim.tokens import BYTES_PER_TOKEN
-
-MODEL = "emulated-27b"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,63 +56,19 @@ class DemoConfig:
     seed: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
-    ttft_s: float
-    total_s: float
-    replica: str
-    prompt_tokens: int
-    cached_tokens: int
-
-
-def _text(seed: int, tokens: int) -> str:
-    # Hex of seeded random bytes: ASCII, so the emulated tokenizer makes 4 chars one token.
-    return random.Random(seed).randbytes(tokens * BYTES_PER_TOKEN // 2).hex()
-
-
-async def _turn(client: httpx.AsyncClient, url: str, session: str,
-                messages: list[dict[str, str]], cfg: DemoConfig) -> tuple[Turn, str]:
-    body = {"model": MODEL, "messages": messages, "max_tokens": cfg.output_tokens,
-            "stream": True, "stream_options": {"include_usage": True}}
-    sent = time.perf_counter()
-    first: float | None = None
-    pieces: list[str] = []
-    usage: dict[str, Any] = {}
-    async with client.stream("POST", url + "/v1/chat/completions", content=orjson.dumps(body),
-                             headers={"x-session-id": session,
-                                      "content-type": "application/json"}) as resp:
-        resp.raise_for_status()
-        replica = resp.headers.get("x-lmroute-replica", "")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = orjson.loads(line[6:])
-            for choice in chunk.get("choices", []):
-                content = choice.get("delta", {}).get("content")
-                if content:
-                    first = first if first is not None else time.perf_counter()
-                    pieces.append(content)
-            usage = chunk.get("usage") or usage
-    end = time.perf_counter()
-    scale = cfg.time_scale
-    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
-    turn = Turn(((first or end) - sent) / scale, (end - sent) / scale, replica,
-                int(usage.get("prompt_tokens", 0)), cached)
-    return turn, "".join(pieces)
-
-
 async def _session(client: httpx.AsyncClient, url: str, index: int, cfg: DemoConfig,
                    on_turn: Callable[[], None]) -> dict[str, Any]:
     seed = xxhash.xxh3_64_intdigest(f"{cfg.seed}/{index}".encode())
-    messages = [{"role": "user", "content": _text(seed, cfg.start_tokens)}]
+    messages = [{"role": "user", "content": text_of(seed, cfg.start_tokens)}]
     turns: list[Turn] = []
     start = time.perf_counter()
     for k in range(cfg.turns):
-        turn, reply = await _turn(client, url, f"session-{index}", messages, cfg)
+        turn, reply = await chat_turn(client, url, f"session-{index}", messages,
+                                      output_tokens=cfg.output_tokens, time_scale=cfg.time_scale)
         turns.append(turn)
         on_turn()
         messages += [{"role": "assistant", "content": reply},
-                     {"role": "user", "content": _text(seed + k + 1, cfg.added_tokens)}]
+                     {"role": "user", "content": text_of(seed + k + 1, cfg.added_tokens)}]
     total = (time.perf_counter() - start) / cfg.time_scale
     return {"session": index, "total_s": total, "turns": [asdict(t) for t in turns]}
 

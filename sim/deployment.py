@@ -111,6 +111,11 @@ class LoopServers:
             await asyncio.sleep(0.01)
         return urls
 
+    async def stop(self, index: int) -> None:
+        """Stop one server (its port then refuses connections: a lost replica)."""
+        self._servers[index].should_exit = True
+        await asyncio.wait({self._tasks[index]}, timeout=5.0)
+
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         for server in self._servers:
