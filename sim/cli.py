@@ -99,3 +99,7 @@ def add_sim_commands(sub: Any) -> None:
     live = sub.add_parser("live", help="emulated replicas + router: policies under rising load")
     add_live_options(live)
     live.set_defaults(func=live_main)
+
+    from sim.sim_cli import add_sim_command
+
+    add_sim_command(sub)
