@@ -111,10 +111,13 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How a dispatched request ended, fed back through ``Policy.observe``.
+    """What became of a dispatched request, fed back through ``Policy.observe``.
 
-    ``ttft_s`` is the time to the first streamed byte (or the whole reply when not
-    streamed); ``ok`` is false when the replica failed the request.
+    A request is observed once or twice: ``phase="first_token"`` when its first byte
+    arrives (streamed replies; ``ttft_s`` set), then ``phase="done"`` when it ends
+    (``total_s`` set; a non-streamed reply reports its ``ttft_s`` only here, as the time
+    of the whole reply). ``ok`` is false when the replica failed the request. ``at`` is the
+    caller's clock at the observation, in the same time base as ``RequestView.now``.
     """
 
     request: RequestView
@@ -122,6 +125,8 @@ class Outcome:
     ok: bool
     ttft_s: float | None = None
     total_s: float | None = None
+    phase: str = "done"
+    at: float | None = None
 
 
 class NoReplicaAvailable(Exception):

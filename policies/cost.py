@@ -78,8 +78,8 @@ def split_tokens(prompt: int, gpu: int, pool: int) -> tuple[int, int, int]:
 class Calibration:
     """Per-replica multiplicative corrections, learned online from observed TTFTs.
 
-    Each observation gives ``r = log(q)``, ``q = (observed - predicted wait) / predicted
-    service`` (service = pool load + prefill). Factors are ``exp(S + P)`` for prefill and
+    Each observation of a service time (pool load + prefill, without queueing) gives
+    ``r = log(observed / predicted)``. Factors are ``exp(S + P)`` for prefill and
     ``exp(S + L)`` for pool loads, per replica:
 
     - ``S``, the replica's overall scale, is the running mean of ``r`` over its first
@@ -113,24 +113,32 @@ class Calibration:
     def load_scale(self, replica: str) -> float:
         return math.exp(self._scale(replica) + self.log_load.get(replica, 0.0))
 
-    def update(self, estimate: Estimate, observed_s: float) -> float | None:
-        """Fold one observation in; returns the log-ratio it carried, or None if unusable."""
-        service = estimate.load_s + estimate.prefill_s
+    def update(self, replica: str, prior_load_s: float, prior_prefill_s: float,
+               observed_s: float) -> float | None:
+        """Fold one observed service time in; returns the log-ratio it carried.
+
+        The residual is taken against the prior parts scaled by the factors as they are
+        NOW, not as they were at dispatch: with a long queue many requests are in flight
+        between a prediction and its observation, and correcting each stale prediction in
+        full would integrate the same error many times over (wind-up; seen in the
+        simulator at overload before this was fixed).
+        """
+        load = prior_load_s * self.load_scale(replica)
+        prefill = prior_prefill_s * self.prefill_scale(replica)
+        service = load + prefill
         if service <= 0 or observed_s <= 0:
             return None
-        # The wait was predicted too; never let it explain more than 95 % of the reply.
-        q = max(observed_s - estimate.wait_s, observed_s * 0.05) / service
-        r = math.log(q)
-        rid = estimate.replica
-        n = self.count.get(rid, 0) + 1
-        self.count[rid] = n
+        r = math.log(observed_s / service)
+        n = self.count.get(replica, 0) + 1
+        self.count[replica] = n
         if n <= self.warmup:
-            self.log_scale[rid] = self._scale(rid) + r / n
+            self.log_scale[replica] = self._scale(replica) + r / n
             return r
         r = max(-math.log(self.clip), min(math.log(self.clip), r))
-        share_load = estimate.load_s / service
-        self.log_prefill[rid] = self.log_prefill.get(rid, 0.0) + self.alpha * (1 - share_load) * r
-        self.log_load[rid] = self.log_load.get(rid, 0.0) + self.alpha * share_load * r
+        share_load = load / service
+        self.log_prefill[replica] = (self.log_prefill.get(replica, 0.0)
+                                     + self.alpha * (1 - share_load) * r)
+        self.log_load[replica] = self.log_load.get(replica, 0.0) + self.alpha * share_load * r
         return r
 
     def as_json(self) -> dict[str, dict[str, float]]:

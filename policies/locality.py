@@ -6,26 +6,38 @@ For every healthy candidate replica ``r`` the cost model (``policies.cost``) pre
                       + prefill of the rest (superlinear in context)
 
 from the residency the router looked up (r's GPU prefix, the pool prefix) and the prefill
-work already admitted on ``r``. The minimum wins, with hysteresis: the session's last
-replica is kept unless another is predicted faster by more than ``stay_margin`` (relative)
-plus ``stay_margin_s`` — a session never moves for nothing, and with no pool (or an
-evicted one) moving means a full recompute, so sessions stay put as under ``fixed``.
+work already admitted on ``r``. The score to minimise is
 
-Wait (FIFO, one prefill at a time per replica, as vLLM schedules long prefills): each
-dispatched request occupies ``r`` from ``max(now, r's busy-until)`` for its predicted
-service time; ``wait(r) = busy-until - now``. Entries leave on ``observe`` (first token or
-failure) or when their predicted time passes, so a lost observation cannot clog a
-replica. Engine-reported waiting requests beyond our own count (other routers' traffic)
-add ``their count x r's mean observed service time``.
+    score(r) = ttft(r) + work_weight * (service(r) - min over replicas of service)
+
+where service = pool load + prefill: a placement that recomputes what another replica
+could load or hit makes everyone queued behind it wait too, so extra work is charged
+(``work_weight``, default 1). Without this term greedy TTFT-minimisers move sessions off
+busy replicas into recomputes, adding work exactly when the system is short of it, and
+collapse under load (the simulator's load sweep shows it for ``least_loaded``).
+Hysteresis: the session's last replica is kept unless another scores better by more than
+``stay_margin`` (relative) plus ``stay_margin_s`` — a session never moves for nothing,
+and with no pool (or an evicted one) moving means a full recompute, so sessions stay put
+as under ``fixed``.
+
+Wait (FIFO, one prefill at a time per replica, as vLLM schedules long prefills): the
+requests this policy dispatched to ``r`` and whose first token has not arrived form a
+queue; walking it from ``r``'s last first token, each starts at ``max(previous end, its
+dispatch)`` and lasts its predicted service; an overdue head is assumed about to finish.
+``wait(r)`` is where the walk ends, minus now. Entries leave on ``observe`` (first token,
+end, or failure). Engine-reported waiting requests beyond our own queue (other routers'
+traffic) add ``their count x r's mean observed service time``.
 
 Reasons: ``sticky`` (kept on the session's replica), ``gpu-hit`` / ``pool-hit`` / ``miss``
 (what the chosen replica will do), ``balance`` (the chosen replica is not the one holding
 the most cached tokens: load won over locality), ``failover`` (the session's replica is
 gone or failed this request).
 
-Calibration: observed TTFTs update per-replica prefill and pool-load factors
-(``Calibration``), so the prior (the study's H200 fit) adapts to the hardware or an
-emulator's time scale. ``choose`` is pure: time comes from ``RequestView.now``.
+Calibration: each first token gives an observed service time, ``first token - max(its
+dispatch, r's previous first token)`` (FIFO), which updates per-replica prefill and
+pool-load factors (``Calibration``), so the prior (the study's H200 fit) adapts to the
+hardware or an emulator's time scale. ``choose`` is pure: time comes from
+``RequestView.now``.
 """
 
 from __future__ import annotations
@@ -41,11 +53,13 @@ from policies.hashing import rendezvous_rank
 
 @dataclass(frozen=True, slots=True)
 class LocalityConfig:
-    """``stay_margin``: relative advantage another replica needs to take a session away;
+    """``work_weight``: seconds of score per second of extra work a placement causes;
+    ``stay_margin``: relative advantage another replica needs to take a session away;
     ``stay_margin_s``: the same in absolute seconds (added); ``calibrate``: learn online;
     ``alpha``/``warmup``/``clip``: see ``Calibration``."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
+    work_weight: float = 1.0
     stay_margin: float = 0.15
     stay_margin_s: float = 0.0
     calibrate: bool = True
@@ -55,20 +69,18 @@ class LocalityConfig:
 
 
 @dataclass(slots=True)
-class _Busy:
-    """Predicted prefill occupancy of one replica: request id -> (start, end)."""
+class _Queue:
+    """This policy's requests on one replica still before their first token, FIFO."""
 
-    slots: dict[str, tuple[float, float]] = field(default_factory=dict)
+    pending: dict[str, tuple[float, float]] = field(default_factory=dict)  # id -> (sent, s)
+    last_first_token: float = float("-inf")
 
-    def until(self, now: float) -> float:
-        return max((end for _, end in self.slots.values()), default=now)
-
-    def active(self, now: float) -> int:
-        return sum(1 for _, end in self.slots.values() if end > now)
-
-    def prune(self, now: float) -> None:
-        for rid in [rid for rid, (_, end) in self.slots.items() if end <= now]:
-            del self.slots[rid]
+    def wait(self, now: float) -> float:
+        cursor = self.last_first_token
+        for i, (sent, service) in enumerate(self.pending.values()):
+            end = max(cursor, sent) + service
+            cursor = max(end, now) if i == 0 else end  # an overdue head is about done
+        return max(0.0, cursor - now)
 
 
 class Locality(BasePolicy):
@@ -78,7 +90,7 @@ class Locality(BasePolicy):
         self.config = config or LocalityConfig()
         c = self.config
         self.calibration = Calibration(alpha=c.alpha, warmup=c.warmup, clip=c.clip)
-        self._busy: dict[str, _Busy] = {}
+        self._queues: dict[str, _Queue] = {}
         self._chosen: dict[str, Estimate] = {}
         self._service_mean: dict[str, float] = {}
 
@@ -89,13 +101,11 @@ class Locality(BasePolicy):
         gpu, load, new = split_tokens(request.prompt_tokens, res.gpu_blocks(replica.id) * bt,
                                       res.pool * bt)
         prior = self.config.prior
-        busy = self._busy.get(replica.id)
-        wait = 0.0
-        own = 0
-        if busy is not None:
-            wait = max(0.0, busy.until(request.now) - request.now)
-            own = busy.active(request.now)
-        others = max(0.0, replica.waiting - own)
+        queue = self._queues.get(replica.id)
+        wait = queue.wait(request.now) if queue is not None else 0.0
+        # vLLM's "waiting" excludes the request being prefilled (our queue's head).
+        own_waiting = max(0, len(queue.pending) - 1) if queue is not None else 0
+        others = max(0.0, replica.waiting - own_waiting)
         wait += others * self._service_mean.get(replica.id, 0.0)
         return Estimate(
             replica=replica.id,
@@ -110,13 +120,19 @@ class Locality(BasePolicy):
     def choose(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision:
         candidates = rendezvous_rank(request.session, self.candidates(request, replicas))
         estimates = {r.id: self.estimate(request, r) for r in candidates}
-        best = min(candidates, key=lambda r: estimates[r.id].ttft_s)
+        least_work = min(e.load_s + e.prefill_s for e in estimates.values())
+        weight = self.config.work_weight
+
+        def score(rid: str) -> float:
+            e = estimates[rid]
+            return e.ttft_s + weight * (e.load_s + e.prefill_s - least_work)
+
+        best = min(candidates, key=lambda r: score(r.id))
         stay = request.last_replica
         if stay in estimates:
-            kept = estimates[stay]
-            beaten_by = kept.ttft_s - estimates[best.id].ttft_s
-            if beaten_by <= self.config.stay_margin * kept.ttft_s + self.config.stay_margin_s:
-                return Decision(stay, "sticky", kept.ttft_s)
+            kept = score(stay)
+            if kept - score(best.id) <= self.config.stay_margin * kept + self.config.stay_margin_s:
+                return Decision(stay, "sticky", estimates[stay].ttft_s)
         chosen = estimates[best.id]
         return Decision(best.id, self._reason(request, chosen, estimates), chosen.ttft_s)
 
@@ -136,30 +152,35 @@ class Locality(BasePolicy):
 
     # -- state changes ------------------------------------------------------------------
     def dispatched(self, request: RequestView, decision: Decision) -> None:
-        replica = ReplicaView(id=decision.replica, url="")
-        est = self.estimate(request, replica) if decision.replica else None
-        if est is None:
-            return
-        busy = self._busy.setdefault(decision.replica, _Busy())
-        busy.prune(request.now)
-        start = max(request.now, busy.until(request.now))
-        busy.slots[request.request_id] = (start, start + est.load_s + est.prefill_s)
+        est = self.estimate(request, ReplicaView(id=decision.replica, url=""))
+        queue = self._queues.setdefault(decision.replica, _Queue())
+        queue.pending[request.request_id] = (request.now, est.load_s + est.prefill_s)
         self._chosen[request.request_id] = est
 
     def observe(self, outcome: Outcome) -> None:
         rid = outcome.request.request_id
-        replica = outcome.decision.replica
         est = self._chosen.pop(rid, None)
-        busy = self._busy.get(replica)
-        if busy is not None:
-            busy.slots.pop(rid, None)
-        if est is None or not outcome.ok or outcome.ttft_s is None:
+        if est is None:
+            return  # already observed at its first token
+        queue = self._queues[outcome.decision.replica]
+        sent, _ = queue.pending.pop(rid, (outcome.request.now, 0.0))
+        if not outcome.ok or outcome.ttft_s is None:
             return
-        service = max(0.0, outcome.ttft_s - est.wait_s)
-        prev = self._service_mean.get(replica)
-        self._service_mean[replica] = service if prev is None else 0.8 * prev + 0.2 * service
+        at = outcome.at if outcome.at is not None else sent + outcome.ttft_s
+        if outcome.phase == "done" and outcome.total_s is not None:
+            at -= outcome.total_s - outcome.ttft_s  # the reply's first byte, not its end
+        started = max(sent, queue.last_first_token)
+        queue.last_first_token = max(queue.last_first_token, at)
+        service = at - started
+        if service <= 0:
+            return
+        prev = self._service_mean.get(est.replica)
+        self._service_mean[est.replica] = service if prev is None else 0.8 * prev + 0.2 * service
         if self.config.calibrate:
-            self.calibration.update(est, outcome.ttft_s)
+            prior = self.config.prior
+            self.calibration.update(
+                est.replica, prior.pool_load_s(est.pool_tokens),
+                prior.prefill_s(est.gpu_tokens + est.pool_tokens, est.new_tokens), service)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -167,5 +188,5 @@ class Locality(BasePolicy):
             "config": asdict(self.config),
             "calibration": self.calibration.as_json(),
             "mean_service_s": dict(self._service_mean),
-            "predicted_busy": {rid: len(b.slots) for rid, b in self._busy.items()},
+            "queued": {rid: len(q.pending) for rid, q in self._queues.items()},
         }

@@ -6,6 +6,8 @@ Events (the request path of ``router/proxy.py``, in virtual time):
   ``policy.choose``, ``policy.dispatched``, then the chosen model admits the request
   (``ReplicaModel.admit`` plans its whole timeline) and the router's in-flight count
   rises. Schedules the ``Completion`` at the plan's last token.
+- ``FirstToken``: ``policy.observe(Outcome(phase="first_token", ttft_s))`` at the plan's
+  first token, as the router does on a streamed reply's first byte.
 - ``Completion``: the in-flight count falls, ``policy.observe(Outcome(ttft_s, total_s))``,
   the router records the prefix (``Cluster.complete``), and the workload releases what
   waited on this request (the session's next turn).
@@ -76,14 +78,32 @@ class Arrival:
         self.run = run
         self.request = request
 
-    def handle(self, now: float) -> list[Completion]:
+    def handle(self, now: float) -> list[FirstToken | Completion]:
         run, req = self.run, self.request
         cluster = run.cluster
         view = cluster.request_view(req, now)
         decision = run.policy.choose(view, cluster.replica_views(now))
         run.policy.dispatched(view, decision)
         plan = cluster.dispatch(req, decision.replica, now)
-        return [Completion(plan.finish_at, run, req, view, decision, plan)]
+        return [FirstToken(plan.first_token_at, run, view, decision, plan),
+                Completion(plan.finish_at, run, req, view, decision, plan)]
+
+
+class FirstToken:
+    __slots__ = ("decision", "plan", "run", "time", "view")
+
+    def __init__(self, time: float, run: Run, view: RequestView, decision: Decision,
+                 plan: Plan) -> None:
+        self.time = time
+        self.run = run
+        self.view = view
+        self.decision = decision
+        self.plan = plan
+
+    def handle(self, now: float) -> list[Arrival]:
+        self.run.policy.observe(Outcome(self.view, self.decision, ok=True,
+                                        ttft_s=self.plan.ttft_s, phase="first_token", at=now))
+        return []
 
 
 class Completion:
@@ -102,7 +122,7 @@ class Completion:
         run, req, plan = self.run, self.request, self.plan
         run.cluster.complete(req, self.decision.replica)
         run.policy.observe(Outcome(self.view, self.decision, ok=True, ttft_s=plan.ttft_s,
-                                   total_s=plan.total_s))
+                                   total_s=plan.total_s, at=now))
         run.records.append(Record(
             run.label, run.pool, req.tag, req.session, req.turn, self.decision.replica,
             self.decision.reason, plan.arrival, plan.ttft_s, plan.total_s, plan.prompt_tokens,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from policies.base import Decision, Outcome, ReplicaView, RequestView, Residency
-from policies.cost import STUDY_PRIOR, Calibration, Estimate, split_tokens
+from policies.cost import STUDY_PRIOR, Calibration, split_tokens
 from policies.locality import Locality
 
 BT = 256  # tokens per index block
@@ -114,13 +114,20 @@ def test_observe_releases_the_replica_and_calibrates() -> None:
 
 def test_calibration_learns_parts_separately_after_warmup() -> None:
     cal = Calibration(alpha=0.5, warmup=1)
-    miss = Estimate("a", 0.0, 0.0, 10.0, 0, 0, 1000)
-    hit = Estimate("a", 0.0, 1.0, 0.1, 0, 1000, 10)
-    cal.update(miss, 10.0)  # warm-up: the prior was right
+    cal.update("a", 0.0, 10.0, 10.0)  # warm-up: the prior was right
     for _ in range(20):  # pool loads take twice as long as the prior says
-        cal.update(Estimate("a", 0.0, 1.0 * cal.load_scale("a"), 0.1 * cal.prefill_scale("a"),
-                            0, 1000, 10), 2.0 * 1.0 + 0.1)
+        cal.update("a", 1.0, 0.1, 2.0 * 1.0 + 0.1)
     assert cal.load_scale("a") == pytest.approx(2.0, rel=0.15)
     assert cal.prefill_scale("a") == pytest.approx(1.0, rel=0.15)
-    assert hit.ttft_s == pytest.approx(1.1)
     assert cal.prefill_scale("new") == pytest.approx(1.0)  # starts from the others' scale
+
+
+def test_calibration_does_not_wind_up_on_stale_predictions() -> None:
+    """Many observations of predictions made before the last correction: no overshoot."""
+    cal = Calibration(alpha=0.2, warmup=3)
+    for _ in range(3):
+        cal.update("a", 0.0, 1.0, 1.0)
+    for _ in range(200):  # the truth is 3x the prior, observed through a long queue
+        cal.update("a", 0.5, 1.0, 3.0 * 1.5)
+    predicted = 0.5 * cal.load_scale("a") + 1.0 * cal.prefill_scale("a")
+    assert predicted == pytest.approx(4.5, rel=0.05)
