@@ -76,73 +76,71 @@ def split_tokens(prompt: int, gpu: int, pool: int) -> tuple[int, int, int]:
 
 @dataclass(slots=True)
 class Calibration:
-    """Per-replica multiplicative corrections, learned online from observed TTFTs.
+    """Multiplicative corrections to the prior, learned online from observed service times.
 
-    Each observation of a service time (pool load + prefill, without queueing) gives
-    ``r = log(observed / predicted)``. Factors are ``exp(S + P)`` for prefill and
-    ``exp(S + L)`` for pool loads, per replica:
+    An observation is a service time (pool load + prefill, no queueing) on a replica;
+    its residual is ``r = log(observed / predicted)`` with the factors as they are now.
+    Factors: ``exp(G + P_r)`` for prefill and ``exp(G + L_r)`` for pool loads.
 
-    - ``S``, the replica's overall scale, is the running mean of ``r`` over its first
-      ``warmup`` observations (step ``1/n``): a different GPU, or an emulator at time
-      scale 0.01, is learned from the first few replies, whatever kind they are.
-    - ``P`` and ``L`` then track each part: EWMA with step ``alpha``, ``r`` clipped to
-      ``±log(clip)`` (one outlier moves little) and split by each part's share of the
-      predicted service time, so pool hits teach the pool bandwidth and misses the
-      prefill throughput.
+    - ``G``, the fleet's scale (another GPU or model than the prior's, or an emulator's
+      time scale), is the running mean of ``r`` over the first ``warmup`` observations,
+      then an EWMA with step ``alpha / 2``.
+    - ``P_r`` and ``L_r``, one replica's deviation from the fleet, follow an EWMA with
+      step ``alpha / 2`` split by each part's share of the predicted service time, so
+      pool hits teach pool bandwidth and misses prefill throughput; they are bounded by
+      ``±log(max_deviation)``. The bound matters: a replica whose first replies were slow
+      would otherwise look slow for good, get no traffic, and never be corrected.
 
-    A replica never observed starts from the other replicas' average ``S``.
+    Residuals are clipped to ``±log(clip)`` after warm-up, so one outlier moves little.
+    Residuals use the current factors, not the ones of the prediction at dispatch: with a
+    long queue many requests are in flight between a prediction and its observation, and
+    correcting each stale prediction in full would integrate one error many times over
+    (wind-up; the simulator showed factors diverging at overload before this was fixed).
     """
 
     alpha: float = 0.2
     warmup: int = 3
     clip: float = 4.0
-    log_scale: dict[str, float] = field(default_factory=dict)
+    max_deviation: float = 2.0
+    log_global: float = 0.0
+    observations: int = 0
     log_prefill: dict[str, float] = field(default_factory=dict)
     log_load: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
 
-    def _scale(self, replica: str) -> float:
-        if replica in self.log_scale:
-            return self.log_scale[replica]
-        logs = self.log_scale.values()
-        return sum(logs) / len(logs) if logs else 0.0
-
     def prefill_scale(self, replica: str) -> float:
-        return math.exp(self._scale(replica) + self.log_prefill.get(replica, 0.0))
+        return math.exp(self.log_global + self.log_prefill.get(replica, 0.0))
 
     def load_scale(self, replica: str) -> float:
-        return math.exp(self._scale(replica) + self.log_load.get(replica, 0.0))
+        return math.exp(self.log_global + self.log_load.get(replica, 0.0))
 
     def update(self, replica: str, prior_load_s: float, prior_prefill_s: float,
                observed_s: float) -> float | None:
-        """Fold one observed service time in; returns the log-ratio it carried.
-
-        The residual is taken against the prior parts scaled by the factors as they are
-        NOW, not as they were at dispatch: with a long queue many requests are in flight
-        between a prediction and its observation, and correcting each stale prediction in
-        full would integrate the same error many times over (wind-up; seen in the
-        simulator at overload before this was fixed).
-        """
+        """Fold one observed service time in; returns the residual it carried."""
         load = prior_load_s * self.load_scale(replica)
         prefill = prior_prefill_s * self.prefill_scale(replica)
         service = load + prefill
         if service <= 0 or observed_s <= 0:
             return None
         r = math.log(observed_s / service)
-        n = self.count.get(replica, 0) + 1
-        self.count[replica] = n
-        if n <= self.warmup:
-            self.log_scale[replica] = self._scale(replica) + r / n
+        self.observations += 1
+        self.count[replica] = self.count.get(replica, 0) + 1
+        if self.observations <= self.warmup:
+            self.log_global += r / self.observations
             return r
         r = max(-math.log(self.clip), min(math.log(self.clip), r))
+        step = self.alpha / 2
+        self.log_global += step * r
+        bound = math.log(self.max_deviation)
         share_load = load / service
-        self.log_prefill[replica] = (self.log_prefill.get(replica, 0.0)
-                                     + self.alpha * (1 - share_load) * r)
-        self.log_load[replica] = self.log_load.get(replica, 0.0) + self.alpha * share_load * r
+        for table, share in ((self.log_prefill, 1.0 - share_load), (self.log_load, share_load)):
+            value = table.get(replica, 0.0) + step * share * r
+            table[replica] = max(-bound, min(bound, value))
         return r
 
-    def as_json(self) -> dict[str, dict[str, float]]:
-        replicas = sorted(set(self.log_scale) | set(self.log_prefill))
-        return {rid: {"prefill_scale": self.prefill_scale(rid),
-                      "load_scale": self.load_scale(rid),
-                      "observations": self.count.get(rid, 0)} for rid in replicas}
+    def as_json(self) -> dict[str, object]:
+        replicas = sorted(self.count)
+        return {"fleet_scale": math.exp(self.log_global), "observations": self.observations,
+                "replicas": {rid: {"prefill_scale": self.prefill_scale(rid),
+                                   "load_scale": self.load_scale(rid),
+                                   "observations": self.count[rid]} for rid in replicas}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -115,11 +116,21 @@ def test_observe_releases_the_replica_and_calibrates() -> None:
 def test_calibration_learns_parts_separately_after_warmup() -> None:
     cal = Calibration(alpha=0.5, warmup=1)
     cal.update("a", 0.0, 10.0, 10.0)  # warm-up: the prior was right
-    for _ in range(20):  # pool loads take twice as long as the prior says
-        cal.update("a", 1.0, 0.1, 2.0 * 1.0 + 0.1)
-    assert cal.load_scale("a") == pytest.approx(2.0, rel=0.15)
+    for _ in range(100):  # misses as predicted; pool loads take 1.8x the prior
+        cal.update("a", 0.0, 10.0, 10.0)
+        cal.update("a", 1.0, 0.1, 1.8 * 1.0 + 0.1)
+    assert cal.load_scale("a") == pytest.approx(1.8, rel=0.15)
     assert cal.prefill_scale("a") == pytest.approx(1.0, rel=0.15)
-    assert cal.prefill_scale("new") == pytest.approx(1.0)  # starts from the others' scale
+    # A replica never seen starts from the fleet's scale, without "a"'s deviations.
+    assert cal.load_scale("new") < cal.load_scale("a")
+
+
+def test_one_slow_start_does_not_exile_a_replica() -> None:
+    cal = Calibration(warmup=1, max_deviation=2.0)
+    cal.update("a", 0.0, 1.0, 1.0)
+    for _ in range(50):
+        cal.update("b", 0.0, 1.0, 100.0)  # b's first replies were very slow
+    assert cal.prefill_scale("b") / math.exp(cal.log_global) <= 2.0 + 1e-9
 
 
 def test_calibration_does_not_wind_up_on_stale_predictions() -> None:
