@@ -110,7 +110,7 @@ class Recorder(BasePolicy):
 
     def observe(self, outcome: Outcome) -> None:
         assert outcome.ttft_s is not None and outcome.ttft_s > 0
-        self.log.append(f"observe {outcome.request.request_id}")
+        self.log.append(f"observe {outcome.phase} {outcome.request.request_id}")
 
 
 def _doc(n: int) -> SessionWorkload:
@@ -123,8 +123,11 @@ def test_hooks_run_like_the_proxy_and_the_index_learns_on_completion() -> None:
     cluster = Cluster(TINY, 2, pool_on=True)
     policy = Recorder()
     records = Run(cluster, policy, _doc(2)).execute()
-    assert policy.log == ["choose d/0 in_flight=0", "dispatched d/0", "observe d/0",
-                          "choose d/1 in_flight=0", "dispatched d/1", "observe d/1"]
+    assert policy.log == [
+        "choose d/0 in_flight=0", "dispatched d/0", "observe first_token d/0",
+        "observe done d/0",
+        "choose d/1 in_flight=0", "dispatched d/1", "observe first_token d/1",
+        "observe done d/1"]
     first, second = policy.seen
     assert first.residency.gpu == {} and first.residency.pool == 0
     assert second.residency.gpu == {"r0": 32} and second.residency.pool == 32
