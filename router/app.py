@@ -21,12 +21,15 @@ from starlette.responses import Response
 
 from policies import registry
 from router.errors import LmrouteError, NoHealthyReplica, NotFound, UpstreamConnectError, error_body
+from router.events import EngineEvents, KvIngest, parse_sources
 from router.index import open_index
 from router.locator import Locator, capacity_from_bytes
 from router.metrics import RouterMetrics
+from router.openai_api import Endpoint, parse_request
 from router.proxy import Proxy, error_response
 from router.replicas import Replica, ReplicaSet
 from router.settings import Settings
+from router.tokenizer import ChatTokenizer
 from router.upstream import Upstream
 
 Clock = Callable[[], float]
@@ -53,16 +56,47 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
         clock=clock,
     )
     metrics = RouterMetrics(replicas)
-    # Text mode: about four bytes of text per token.
+    # Token mode hashes the engine's token ids; text mode about four bytes of text per token.
+    tokenizer = ChatTokenizer.from_dir(settings.tokenizer) if settings.tokenizer else None
+    block_tokens = settings.block_tokens if tokenizer else settings.block_bytes // 4
+    sources = parse_sources(settings.backends, settings.kv_events, settings.kv_events_replay)
+    if sources and tokenizer is None:
+        raise ValueError("--kv-events needs --tokenizer: event keys are token-mode keys")
     capacity = capacity_from_bytes(settings.gpu_kv_bytes, settings.pool_bytes,
-                                   settings.block_bytes // 4, settings.kv_bytes_per_token)
+                                   block_tokens, settings.kv_bytes_per_token)
     index = open_index(
         settings.index, capacity, lookup_timeout_s=settings.index_lookup_timeout_s,
-        block_tokens=settings.block_bytes // 4,
+        block_tokens=block_tokens,
         on_error=lambda kind: metrics.index_errors.labels(kind).inc(),
     )
+    served_models: dict[str, str] = {}
+
+    async def model_of(replica_id: str) -> str | None:
+        """The model name rooting a replica's event keys: configured, else its /v1/models."""
+        if settings.served_model:
+            return settings.served_model
+        if replica_id not in served_models:
+            try:
+                status, body = await upstream.get(replica_id + "/v1/models",
+                                                  settings.health_timeout_s)
+                data = orjson.loads(body).get("data", []) if status == 200 else []
+            except (UpstreamConnectError, orjson.JSONDecodeError, AttributeError):
+                return None
+            base = [m for m in data if isinstance(m, dict) and not m.get("parent")]
+            if not base:
+                return None
+            served_models[replica_id] = str(base[0].get("id"))
+        return served_models[replica_id]
+
+    events = EngineEvents(
+        sources,
+        KvIngest(index, model_of, block_tokens=block_tokens,
+                 max_blocks=settings.kv_events_max_blocks),
+        topic=settings.kv_events_topic,
+    )
     locator = Locator(index, metrics, block_bytes=settings.block_bytes,
-                      pool_write_through=settings.pool_write_through and settings.pool_bytes > 0)
+                      pool_write_through=settings.pool_write_through and settings.pool_bytes > 0,
+                      tokenizer=tokenizer, block_tokens=block_tokens, precise=events.precise)
 
     forgetting: set[asyncio.Task[None]] = set()
 
@@ -84,9 +118,11 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await upstream.start()
         replicas.start()
+        events.start()
         try:
             yield
         finally:
+            await events.stop()
             await replicas.stop()
             await upstream.close()
             await locator.close()
@@ -98,6 +134,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     app.state.replicas = replicas
     app.state.metrics = metrics
     app.state.locator = locator
+    app.state.events = events
 
     async def chat(request: Request) -> Response:
         return await proxy.handle("chat", request)
@@ -144,7 +181,26 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def replicas_endpoint(request: Request) -> Response:
-        return _json({"policy": policy.name, "replicas": [r.as_json() for r in replicas.replicas]})
+        out = [{**r.as_json(), "index": events.status(r.id)} for r in replicas.replicas]
+        return _json({"policy": policy.name, "mode": "token" if tokenizer else "text",
+                      "replicas": out})
+
+    async def index_lookup(request: Request) -> Response:
+        """Where the index believes a body's prefix lives (the same chain and lookup as routing).
+
+        ``?endpoint=completions`` for a completions body; chat by default. Read-only.
+        """
+        endpoint: Endpoint = (
+            "completions" if request.query_params.get("endpoint") == "completions" else "chat"
+        )
+        try:
+            parsed = parse_request(endpoint, await request.body(), None)
+        except LmrouteError as err:
+            return error_response(err)
+        chain = locator.chain(parsed)
+        found = await locator.residency(chain)
+        return _json({"chain_blocks": len(chain), "block_tokens": found.block_tokens,
+                      "gpu": dict(found.gpu), "pool": found.pool})
 
     app.add_route("/v1/chat/completions", chat, methods=["POST"])
     app.add_route("/v1/completions", completions, methods=["POST"])
@@ -153,6 +209,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     app.add_route("/ready", ready, methods=["GET"])
     app.add_route("/metrics", metrics_endpoint, methods=["GET"])
     app.add_route("/replicas", replicas_endpoint, methods=["GET"])
+    app.add_route("/index/lookup", index_lookup, methods=["POST"])
 
     async def policy_endpoint(request: Request) -> Response:
         return _json(policy.describe())

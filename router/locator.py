@@ -3,14 +3,19 @@
 The request path's use of the index, kept out of ``proxy`` so the proxy stays a linear
 forwarder:
 
-- ``chain(parsed)``: text-mode block keys of the body (``router.prefix``), rooted in
-  the model and ``cache_salt``.
+- ``chain(parsed)``: block keys of the body (``router.prefix``), rooted in the model and
+  ``cache_salt``: text mode by default; token mode with a ``ChatTokenizer``
+  (``--tokenizer``): the engine's token ids (chat template applied) in ``block_tokens``
+  blocks, the keys engine KV events produce (router/events.py). A body the chat template
+  refuses gets no chain (routed without locality).
 - ``residency(chain)``: ONE index lookup, timed and counted by tier. The index never
   fails a request: ``ResilientIndex`` falls back to memory, and any ``IndexUnavailable``
   left over reads as "nothing cached anywhere".
 - ``served(chain, replica)``: after a successful reply the serving replica's GPU now
-  holds the prefix, and with ``pool_write_through`` (LMCache's default store-on-prefill)
-  so does the shared pool. Recorded in a background task: the client never waits on it.
+  holds the prefix (unless ``precise(replica)``: that replica's KV events are flowing and
+  are the truth about its GPU, a guess would only add false hits), and with
+  ``pool_write_through`` (LMCache's default store-on-prefill) so does the shared pool.
+  Recorded in a background task: the client never waits on it.
 - ``last_replica(session)``: the replica that last served a session (bounded LRU), which
   policies use to keep sessions in place (hysteresis).
 
@@ -29,7 +34,8 @@ from policies.base import EMPTY_RESIDENCY, ReplicaId, Residency, Tier
 from router.index import IndexCapacity, IndexUnavailable, PrefixIndex
 from router.metrics import RouterMetrics
 from router.openai_api import ParsedRequest
-from router.prefix import BlockKey, chain_for_body
+from router.prefix import BlockKey, chain_for_body, root_key, token_chain
+from router.tokenizer import ChatTokenizer, TemplateFailed
 
 
 def capacity_from_bytes(gpu_kv_bytes: int, pool_bytes: int, block_tokens: int,
@@ -44,8 +50,13 @@ class Locator:
 
     def __init__(self, index: PrefixIndex, metrics: RouterMetrics, *, block_bytes: int,
                  pool_write_through: bool, max_sessions: int = 200_000,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter,
+                 tokenizer: ChatTokenizer | None = None, block_tokens: int = 256,
+                 precise: Callable[[ReplicaId], bool] = lambda replica: False):
         self.index = index
+        self.tokenizer = tokenizer
+        self.block_tokens = block_tokens
+        self.precise = precise
         self.metrics = metrics
         self.block_bytes = block_bytes
         self.pool_write_through = pool_write_through
@@ -55,7 +66,16 @@ class Locator:
         self._pending: set[asyncio.Task[None]] = set()
 
     def chain(self, parsed: ParsedRequest) -> list[BlockKey]:
-        return chain_for_body(parsed.body, parsed.endpoint, block_bytes=self.block_bytes)
+        if self.tokenizer is None:
+            return chain_for_body(parsed.body, parsed.endpoint, block_bytes=self.block_bytes)
+        try:
+            ids = self.tokenizer.ids(parsed.body, parsed.endpoint)
+        except TemplateFailed:
+            self.metrics.index_errors.labels("template").inc()
+            return []
+        salt = parsed.body.get("cache_salt")
+        root = root_key(parsed.model, salt if isinstance(salt, str) else None, None)
+        return token_chain(ids, root, self.block_tokens)
 
     async def residency(self, chain: list[BlockKey]) -> Residency:
         if not chain:
@@ -91,7 +111,8 @@ class Locator:
 
     async def _record(self, chain: list[BlockKey], replica: ReplicaId) -> None:
         try:
-            await self.index.record(chain, Tier.GPU, replica)
+            if not self.precise(replica):
+                await self.index.record(chain, Tier.GPU, replica)
             if self.pool_write_through:
                 await self.index.record(chain, Tier.POOL)
         except IndexUnavailable:

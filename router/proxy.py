@@ -14,7 +14,8 @@ One linear path, like Go's httputil.ReverseProxy:
    retry — a stream that breaks mid-way ends with an SSE error event and a clean close;
 6. the reply's status, end-to-end headers and bytes reach the client unchanged (SSE
    chunks flushed as they arrive), plus x-lmroute-replica / -policy / -reason;
-7. on completion the policy observes the outcome (TTFT = first body byte), and a
+7. the policy observes the first byte (``phase="first_token"``, streams) and the end
+   (``phase="done"``); TTFT = first body byte (the whole reply when not streamed); a
    successful reply records its prefix as held by the serving replica (and the pool).
 """
 
@@ -206,7 +207,8 @@ class Proxy:
         attempt.replica.in_flight -= 1
         self.replicas.record_failure(attempt.replica, error)
         self.metrics.upstream_errors.labels(attempt.replica.url, kind).inc()
-        self.policy.observe(Outcome(attempt.view, attempt.decision, ok=False))
+        self.policy.observe(Outcome(attempt.view, attempt.decision, ok=False,
+                                    at=self.clock()))
 
     def _finished(self, attempt: _Attempt, status: int, t0: float, *, ttft: float | None,
                   ok: bool) -> None:
@@ -222,7 +224,7 @@ class Proxy:
             if predicted and ok:
                 self.metrics.ttft_ratio.labels(url).observe(ttft / predicted)
         self.policy.observe(Outcome(attempt.view, attempt.decision, ok=ok, ttft_s=ttft,
-                                    total_s=now - t0))
+                                    total_s=now - t0, at=now))
         if ok:
             self.locator.served(attempt.view.session, attempt.chain, attempt.replica.id)
 
@@ -253,7 +255,13 @@ class Proxy:
             try:
                 async for chunk in resp.chunks():
                     if state["ttft"] is None:
-                        state["ttft"] = self.clock() - t0
+                        now = self.clock()
+                        state["ttft"] = now - t0
+                        # The prefill is over: queue-aware policies free the replica now,
+                        # not when the (long) decode ends.
+                        self.policy.observe(Outcome(attempt.view, attempt.decision, ok=True,
+                                                    ttft_s=now - t0, phase="first_token",
+                                                    at=now))
                     yield chunk
             except UpstreamStreamBroken as exc:
                 # Bytes already reached the client: no retry. End with an error event the

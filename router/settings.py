@@ -72,6 +72,29 @@ class Settings:
     kv_bytes_per_token: int = field(
         default=32 * 1024, metadata={"help": "KV bytes per token (study: 27B, FP8 KV)"}
     )
+    tokenizer: str = field(
+        default="", metadata={"help": "local Hugging Face tokenizer dir: token mode (the engine's "
+                              "token ids through the chat template); empty: text mode"}
+    )
+    block_tokens: int = field(
+        default=256, metadata={"help": "token-mode prefix block size (LMCache's chunk)"}
+    )
+    kv_events: tuple[str, ...] = field(
+        default=(), metadata={"help": "vLLM KV-event publishers, comma-separated: tcp://HOST:PORT "
+                              "aligned with --backend order, or BACKEND_URL=tcp://HOST:PORT; "
+                              "'bind:' before the endpoint binds it (the engine connects)"}
+    )
+    kv_events_replay: tuple[str, ...] = field(
+        default=(), metadata={"help": "their replay endpoints, same form (asked on a sequence gap)"}
+    )
+    kv_events_topic: str = field(default="", metadata={"help": "KV-event topic ('' = all)"})
+    kv_events_max_blocks: int = field(
+        default=131_072, metadata={"help": "engine blocks remembered per replica (hash -> our key)"}
+    )
+    served_model: str = field(
+        default="", metadata={"help": "model name rooting event keys (empty: each replica's "
+                              "first /v1/models id)"}
+    )
     admin_key: str = field(default="", metadata={"help": "key for the admin API (empty: off)"})
     log_level: str = field(default="warning", metadata={"help": "uvicorn log level"})
 

@@ -20,6 +20,10 @@ Contract, identical for every implementation (one test suite runs over all of th
   recent and each deeper block ``step_s`` older, so LRU evicts a chain from its tail and
   keeps prefixes whole, as vLLM does by freeing a request's blocks in reverse order. Only
   the first ``capacity`` blocks of a longer chain can fit, so only those are kept.
+- ``evict(keys, tier, replica)`` drops the given blocks from the GPU cache of ``replica``
+  (``Tier.GPU``) or from the pool (``Tier.POOL``), whatever their recency; keys the tier
+  does not hold are ignored. The engine's own ``BlockRemoved`` events come in here
+  (router/events.py): with them the index follows the engine instead of guessing by LRU.
 - ``forget(replica)`` drops everything believed about a replica's GPU (restart, removal).
 - ``close()`` releases connections.
 
@@ -76,13 +80,20 @@ class PrefixIndex(Protocol):
         self, chain: Sequence[BlockKey], tier: Tier, replica: ReplicaId | None = None
     ) -> None: ...
 
+    async def evict(
+        self, keys: Sequence[BlockKey], tier: Tier, replica: ReplicaId | None = None
+    ) -> None: ...
+
     async def forget(self, replica: ReplicaId) -> None: ...
 
     async def close(self) -> None: ...
 
 
 def check_record(tier: Tier, replica: ReplicaId | None) -> None:
-    """Reject calls the contract does not define (a programming error, not a store one)."""
+    """Reject calls the contract does not define (a programming error, not a store one).
+
+    The same rules hold for ``record`` and ``evict``.
+    """
     if tier is Tier.GPU and replica is None:
         raise ValueError("recording the GPU tier needs the replica")
     if tier is Tier.POOL and replica is not None:

@@ -2,7 +2,8 @@
 
 Each tier is an ``OrderedDict`` from block key to last-seen time, oldest first, bounded by
 its capacity in blocks (``IndexCapacity``): ``record`` inserts a chain tail-first so the
-head ends most recent, then pops the oldest entries beyond capacity. ``lookup`` walks the
+head ends most recent, then pops the oldest entries beyond capacity; ``evict`` pops the
+given keys (O(keys)). ``lookup`` walks the
 chain on the pool and on each replica until the first missing block: O(replicas x matched
 blocks), no allocation beyond the result. Memory is bounded by the sum of the capacities
 (~100 bytes per entry in CPython). Everything runs inside one event-loop step, so
@@ -41,6 +42,11 @@ class _LruBlocks:
             entries.move_to_end(key)
         for _ in range(len(entries) - self.capacity):
             entries.popitem(last=False)
+
+    def discard(self, keys: Sequence[BlockKey]) -> None:
+        entries = self.entries
+        for key in keys:
+            entries.pop(key, None)
 
     def leading(self, chain: Sequence[BlockKey]) -> int:
         entries = self.entries
@@ -106,6 +112,20 @@ class MemoryIndex:
                 replica, _LruBlocks(self.capacity.gpu_for(replica))
             )
         target.add(chain, self._clock(), self._step_s)
+
+    async def evict(
+        self, keys: Sequence[BlockKey], tier: Tier, replica: ReplicaId | None = None
+    ) -> None:
+        self.evict_now(keys, tier, replica)
+
+    def evict_now(
+        self, keys: Sequence[BlockKey], tier: Tier, replica: ReplicaId | None = None
+    ) -> None:
+        """Synchronous ``evict``."""
+        check_record(tier, replica)
+        target = self._pool if replica is None else self._gpu.get(replica)
+        if target is not None:
+            target.discard(keys)
 
     async def forget(self, replica: ReplicaId) -> None:
         self._gpu.pop(replica, None)

@@ -15,7 +15,7 @@ the primary was skipped live only in local memory: after a Redis restart the sha
 starts cold, which is honest.
 
 Errors are counted in ``errors`` (a ``Counter``) by kind, ``lookup_timeout``,
-``lookup_error``, ``record_timeout``, ``record_error``, ``forget_error``, and reported
+``lookup_error``, ``record_timeout``, ``record_error``, ``evict_error``, ``forget_error``, and reported
 through the injected ``on_error(kind)`` (metrics.py plugs in there). ``clock`` (monotonic
 seconds) drives the backoff and is injected so tests control it.
 """
@@ -105,6 +105,22 @@ class ResilientIndex:
                 self._failed("record_timeout")
             except IndexUnavailable:
                 self._failed("record_error")
+            else:
+                self._succeeded()
+
+    async def evict(
+        self, keys: Sequence[BlockKey], tier: Tier, replica: ReplicaId | None = None
+    ) -> None:
+        check_record(tier, replica)
+        await self.fallback.evict(keys, tier, replica)
+        # Like forget: a stale "held" belief attracts traffic to a miss, so it is tried
+        # even while the circuit is open.
+        if keys:
+            try:
+                async with asyncio.timeout(self._write_timeout_s):
+                    await self.primary.evict(keys, tier, replica)
+            except (TimeoutError, IndexUnavailable):
+                self._failed("evict_error")
             else:
                 self._succeeded()
 

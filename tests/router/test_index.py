@@ -204,7 +204,72 @@ async def test_long_chains(make: MakeIndex) -> None:
     assert (res.gpu_blocks("r1"), res.pool, res.chain_blocks) == (5000, 9000, 9000)
 
 
-async def run_ops(index: PrefixIndex, clock: FakeClock, seed: int) -> list[Residency]:
+async def test_many_replicas_and_reused_slots(make: MakeIndex) -> None:
+    # More than 8 tiers (the Redis holder bitmap spans bytes); forgotten replicas' places
+    # are reused without passing on their beliefs.
+    index = await make()
+    a = chain(1, 12)
+    for i in range(12):
+        await index.record(a[: i + 1], Tier.GPU, f"r{i}")
+    await index.record(a[:5], Tier.POOL)
+    res = await index.lookup(a)
+    assert dict(res.gpu) == {f"r{i}": i + 1 for i in range(12)}
+    assert res.pool == 5
+    await index.forget("r3")
+    await index.forget("r10")
+    await index.record(a[:2], Tier.GPU, "new")
+    await index.record(chain(2, 3), Tier.GPU, "other")
+    await index.record(a[:1], Tier.GPU, "r3")
+    expected = {f"r{i}": i + 1 for i in range(12) if i not in (3, 10)}
+    assert dict((await index.lookup(a)).gpu) == {**expected, "new": 2, "r3": 1}
+    assert dict((await index.lookup(chain(2, 3))).gpu) == {"other": 3}
+
+
+async def test_evict_drops_given_blocks_whatever_their_recency(make: MakeIndex) -> None:
+    index = await make(IndexCapacity(gpu_blocks=4))
+    a, b = chain(1, 4), chain(2, 4)
+    for replica in ("r1", "r2"):
+        await index.record(a, Tier.GPU, replica)
+    await index.record(a, Tier.POOL)
+    await index.evict([a[2], b[0]], Tier.GPU, "r1")  # b[0] is not held: ignored
+    await index.evict(a[1:2], Tier.POOL)
+    await index.evict(a, Tier.GPU, "never-seen")
+    await index.evict([], Tier.POOL)
+    res = await index.lookup(a)
+    assert (dict(res.gpu), res.pool) == ({"r1": 2, "r2": 4}, 1)
+    await index.record(b[:1], Tier.GPU, "r1")  # the freed place is used: nothing evicted
+    assert (await index.lookup(a)).gpu_blocks("r1") == 2
+    assert (await index.lookup(a[3:])).gpu_blocks("r1") == 1
+    with pytest.raises(ValueError):
+        await index.evict(a, Tier.GPU)
+    with pytest.raises(ValueError):
+        await index.evict(a, Tier.POOL, "r1")
+
+
+async def test_redis_keeps_no_stale_bitmaps(redis_url: str) -> None:
+    namespace = uuid.uuid4().hex
+    index = RedisIndex(redis_url, IndexCapacity(gpu_blocks=4, pool_blocks=4), namespace=namespace)
+    admin = aioredis.Redis.from_url(redis_url)
+    try:
+        a, b = chain(1, 4), chain(2, 4)
+        for replica in ("r1", "r2"):
+            await index.record(a, Tier.GPU, replica)
+        await index.record(a, Tier.POOL)
+        await index.forget("r1")
+        await index.evict(a[:2], Tier.GPU, "r2")
+        await index.forget("r2")
+        await index.record(b, Tier.POOL)  # evicts a from the pool: a is held nowhere
+        fields = set(await admin.hkeys(f"{{{namespace}}}:blocks")) - {b""}
+        assert fields == {key.to_bytes(8, "big") for key in b}
+        assert await admin.hlen(f"{{{namespace}}}:slots") == 0
+    finally:
+        await admin.aclose()
+        await index.close()
+
+
+async def run_ops(
+    index: PrefixIndex, clock: FakeClock, seed: int, replicas: Sequence[str] = ("r1", "r2", "r3")
+) -> list[Residency]:
     rng = random.Random(seed)
     chains = [chain(s, rng.randint(1, 12)) for s in range(6)]
     seen: list[Residency] = []
@@ -213,11 +278,11 @@ async def run_ops(index: PrefixIndex, clock: FakeClock, seed: int) -> list[Resid
         c: Sequence[int] = rng.choice(chains)
         c = c[: rng.randint(1, len(c))]
         if op < 0.45:
-            await index.record(c, Tier.GPU, rng.choice(["r1", "r2", "r3"]))
+            await index.record(c, Tier.GPU, rng.choice(replicas))
         elif op < 0.65:
             await index.record(c, Tier.POOL)
         elif op < 0.7:
-            await index.forget(rng.choice(["r1", "r2", "r3"]))
+            await index.forget(rng.choice(replicas))
         seen.append(await index.lookup(rng.choice(chains)))
         clock.advance(rng.choice([0.5, 1.0, 3.0]))
     return seen
@@ -232,6 +297,20 @@ async def test_memory_and_redis_agree(redis_url: str) -> None:
         for seed in range(3):
             expected = await run_ops(memory, clock_m, seed)
             assert await run_ops(shared, clock_r, seed) == expected
+    finally:
+        await shared.close()
+
+
+async def test_memory_and_redis_agree_with_many_replicas(redis_url: str) -> None:
+    capacity = IndexCapacity(gpu_blocks=10, pool_blocks=16, gpu_blocks_by_replica={"r3": 4})
+    replicas = [f"r{i}" for i in range(20)]
+    clock_m, clock_r = FakeClock(), FakeClock()
+    memory = MemoryIndex(capacity, clock=clock_m)
+    shared = RedisIndex(redis_url, capacity, namespace=uuid.uuid4().hex, clock=clock_r)
+    try:
+        for seed in range(3):
+            expected = await run_ops(memory, clock_m, seed, replicas)
+            assert await run_ops(shared, clock_r, seed, replicas) == expected
     finally:
         await shared.close()
 

@@ -1,0 +1,333 @@
+"""Engine truth: vLLM KV-cache events (ZMQ) into the prefix index, one subscriber per replica.
+
+Wire (vLLM's ``ZmqEventPublisher``, shared/REFERENCE.md "KV events"): multipart
+``[topic, seq (8-byte big-endian), msgpack payload]``; decoding and the engine-hash ->
+our-key mapping live in ``router.kv_blocks``. The SUB socket connects to the publisher
+(vLLM binds ``tcp://*:PORT``), or binds when the endpoint is written ``bind:tcp://...``
+(vLLM given a concrete address connects to it).
+
+Per publisher sequence tracking, ``last`` being the last applied sequence number:
+- ``seq == last + 1``: apply.
+- ``seq <= last``: the engine restarted (its numbering restarts at 0, its cache is empty):
+  forget the replica, then apply.
+- ``seq > last + 1``: batches were lost (PUB drops at its high-water mark, or a reconnect).
+  With a replay endpoint the missing ones are asked for (a DEALER to vLLM's ROUTER: send
+  ``[b"", start_seq]``, read ``[b"", topic, seq, payload]`` until seq -1) and applied in
+  order; when there is none, or it cannot fill the gap (its buffer moved on, 2 s
+  timeout), the replica's entries are stale — a lost ``BlockRemoved`` would leave a false
+  hit — so they are forgotten and rebuilt from the events that follow (counted in
+  ``gaps``). The first batch after subscribing may start anywhere; with a replay
+  endpoint the publisher's buffer is replayed from 0 so a restarted router catches up.
+
+Applying (``KvIngest``): attention groups only (``kv_cache_spec_kind`` "full_attention"
+or unset; the first such ``group_idx`` seen per replica, so hybrid models' other groups and
+duplicate attention groups are skipped). ``BlockStored``/``BlockRemoved`` with medium GPU
+go to that replica's GPU tier; any other medium (LMCache's "cpu", storage) to the shared
+pool tier, tracked in one tracker shared by all replicas (its hashes are content
+addressed). ``AllBlocksCleared`` (``/reset_prefix_cache``; vLLM publishes it with its next
+engine step) forgets the replica. Keys are rooted in ``root_key(model, salt, lora_name)``
+with ``model`` = ``served_model`` or the replica's first ``/v1/models`` id.
+
+Mode, per replica: "precise" once a batch has arrived from its publisher (the engine's
+events then decide its GPU residency, and the router stops recording it on completion),
+"approximate" before that or without a configured publisher (the router's own
+bookkeeping). ``status()`` feeds ``/replicas``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from policies.base import ReplicaId, Tier
+from router.index import IndexUnavailable, PrefixIndex
+from router.kv_blocks import ChainTracker, Cleared, Removed, Stored, decode_payload, root_salt
+from router.prefix import root_key
+
+log = logging.getLogger("lmroute.events")
+END_SEQ = -1
+ModelOf = Callable[[ReplicaId], Awaitable[str | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class EventSource:
+    replica: ReplicaId
+    endpoint: str
+    bind: bool = False
+    replay: str | None = None
+
+
+def _split(entry: str) -> tuple[str | None, str]:
+    """``URL=tcp://...`` -> (URL, endpoint); a bare endpoint -> (None, endpoint)."""
+    head, sep, tail = entry.rpartition("=")
+    return (head.rstrip("/"), tail) if sep else (None, entry)
+
+
+def _align(backends: Sequence[str], entries: Sequence[str], what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    bare = [e for e in entries if _split(e)[0] is None]
+    if bare and len(bare) != len(entries):
+        raise ValueError(f"--{what}: use either positional endpoints or URL=endpoint pairs")
+    if bare and len(bare) != len(backends):
+        raise ValueError(f"--{what}: {len(bare)} endpoints for {len(backends)} backends")
+    ids = [b.rstrip("/") for b in backends]
+    for i, entry in enumerate(entries):
+        url, endpoint = _split(entry)
+        url = url if url is not None else ids[i]
+        if url not in ids:
+            raise ValueError(f"--{what}: {url!r} is not a --backend")
+        out[url] = endpoint
+    return out
+
+
+def parse_sources(backends: Sequence[str], kv_events: Sequence[str],
+                  replay: Sequence[str] = ()) -> list[EventSource]:
+    """The ``--kv-events`` / ``--kv-events-replay`` settings, per replica id."""
+    events = _align(backends, kv_events, "kv-events")
+    replays = _align(backends, replay, "kv-events-replay")
+    sources = []
+    for replica, endpoint in events.items():
+        bind = endpoint.startswith("bind:")
+        sources.append(EventSource(replica, endpoint.removeprefix("bind:"), bind,
+                                   replays.get(replica)))
+    return sources
+
+
+@dataclass(slots=True)
+class SourceState:
+    """Counters and sequence state of one publisher, shown in ``/replicas``."""
+
+    source: EventSource
+    last_seq: int | None = None
+    batches: int = 0
+    restarts: int = 0
+    gaps: int = 0
+    replayed: int = 0
+    cleared: int = 0
+    malformed: int = 0
+    blocks_stored: int = 0
+    blocks_removed: int = 0
+    last_batch_at: float | None = None
+    group_idx: int | None = field(default=None)
+
+    def as_json(self, now: float) -> dict[str, object]:
+        age = None if self.last_batch_at is None else round(now - self.last_batch_at, 3)
+        return {
+            "endpoint": self.source.endpoint, "replay": self.source.replay,
+            "last_seq": self.last_seq, "batches": self.batches, "restarts": self.restarts,
+            "gaps": self.gaps, "replayed": self.replayed, "cleared": self.cleared,
+            "malformed": self.malformed, "blocks_stored": self.blocks_stored,
+            "blocks_removed": self.blocks_removed, "last_batch_age_s": age,
+        }
+
+
+class KvIngest:
+    """Applies decoded event batches to the index (no sockets: tests drive it directly)."""
+
+    def __init__(self, index: PrefixIndex, model_of: ModelOf, *, block_tokens: int,
+                 max_blocks: int) -> None:
+        self.index = index
+        self._model_of = model_of
+        self._block_tokens = block_tokens
+        self._max_blocks = max_blocks
+        self._gpu: dict[ReplicaId, ChainTracker] = {}
+        self.pool = ChainTracker(block_tokens, max_blocks)
+        self.index_errors = 0
+
+    def tracker(self, replica: ReplicaId) -> ChainTracker:
+        found = self._gpu.get(replica)
+        if found is None:
+            found = self._gpu[replica] = ChainTracker(self._block_tokens, self._max_blocks)
+        return found
+
+    async def forget(self, replica: ReplicaId) -> None:
+        self.tracker(replica).clear()
+        try:
+            await self.index.forget(replica)
+        except IndexUnavailable:
+            self.index_errors += 1
+
+    async def apply(self, state: SourceState, payload: bytes) -> None:
+        replica = state.source.replica
+        _, events = decode_payload(payload)
+        model: str | None = None
+        for event in events:
+            if isinstance(event, Cleared):
+                state.cleared += 1
+                await self.forget(replica)
+                continue
+            pool = event.medium.upper() != "GPU"
+            tier, who = (Tier.POOL, None) if pool else (Tier.GPU, replica)
+            tracker = self.pool if pool else self.tracker(replica)
+            if isinstance(event, Stored):
+                if event.kind not in (None, "full_attention"):
+                    continue
+                if state.group_idx is None:
+                    state.group_idx = event.group_idx
+                if event.group_idx not in (None, state.group_idx):
+                    continue
+                salt, keyable = root_salt(event)
+                if not keyable:
+                    tracker.unresolved += len(event.hashes)
+                    continue
+                model = model or await self._model_of(replica)
+                if model is None:
+                    tracker.unresolved += len(event.hashes)
+                    continue
+                state.blocks_stored += len(event.hashes)
+                keys = tracker.store(event, root_key(model, salt, event.lora_name))
+                await self._write(self.index.record(keys, tier, who) if keys else None)
+            elif isinstance(event, Removed):
+                if event.group_idx is not None and state.group_idx not in (None, event.group_idx):
+                    continue
+                state.blocks_removed += len(event.hashes)
+                keys = tracker.remove(event.hashes)
+                await self._write(self.index.evict(keys, tier, who) if keys else None)
+
+    async def _write(self, call: Awaitable[None] | None) -> None:
+        if call is None:
+            return
+        try:
+            await call
+        except IndexUnavailable:
+            self.index_errors += 1
+
+
+class Subscriber:
+    """One replica's SUB socket and sequence tracking; ``run()`` until cancelled."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, state: SourceState, ingest: KvIngest,
+                 topic: str, replay_timeout_s: float = 2.0) -> None:
+        self.state = state
+        self._ctx = ctx
+        self._ingest = ingest
+        self._replay_timeout_s = replay_timeout_s
+        self._clock = time.monotonic
+        self.sock = ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 100_000)
+        self.sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        source = state.source
+        (self.sock.bind if source.bind else self.sock.connect)(source.endpoint)
+
+    async def run(self) -> None:
+        try:
+            while True:
+                frames = await self.sock.recv_multipart()
+                await self.on_message(frames)
+        finally:
+            self.sock.close(0)
+
+    async def on_message(self, frames: Sequence[bytes]) -> None:
+        st = self.state
+        if len(frames) != 3 or len(frames[1]) != 8:
+            st.malformed += 1
+            return
+        seq = int.from_bytes(frames[1], "big")
+        if st.last_seq is not None and seq <= st.last_seq:
+            st.restarts += 1
+            await self._ingest.forget(st.source.replica)
+        elif (st.last_seq is None and seq > 0 and st.source.replay) or (
+            st.last_seq is not None and seq > st.last_seq + 1
+        ):
+            start = 0 if st.last_seq is None else st.last_seq + 1
+            if not await self._replay(start, seq) and st.last_seq is not None:
+                st.gaps += 1
+                await self._ingest.forget(st.source.replica)
+        await self._apply(seq, frames[2])
+
+    async def _apply(self, seq: int, payload: bytes) -> None:
+        st = self.state
+        try:
+            await self._ingest.apply(st, payload)
+        except ValueError as exc:
+            st.malformed += 1
+            log.warning("replica %s: %s", st.source.replica, exc)
+        st.last_seq = seq
+        st.batches += 1
+        st.last_batch_at = self._clock()
+
+    async def _replay(self, start: int, stop: int) -> bool:
+        """Apply batches [start, stop) from the replay endpoint; True if none was missing."""
+        endpoint = self.state.source.replay
+        if endpoint is None:
+            return False
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        expected = start
+        try:
+            sock.connect(endpoint)
+            await sock.send_multipart([b"", start.to_bytes(8, "big")])
+            async with asyncio.timeout(self._replay_timeout_s):
+                while True:
+                    frames = await sock.recv_multipart()
+                    if len(frames) != 4:
+                        return False
+                    seq = int.from_bytes(frames[2], "big", signed=True)
+                    if seq == END_SEQ or seq >= stop:
+                        return expected == stop
+                    if seq < expected:
+                        continue
+                    if seq > expected and start > 0:
+                        return False  # the publisher's buffer no longer reaches back
+                    await self._apply(seq, frames[3])
+                    self.state.replayed += 1
+                    expected = seq + 1
+        except TimeoutError:
+            return False
+        finally:
+            sock.close(0)
+
+
+class EngineEvents:
+    """All subscribers of one router; owned by the app's lifespan."""
+
+    def __init__(self, sources: Sequence[EventSource], ingest: KvIngest, *, topic: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ingest = ingest
+        self._sources = list(sources)
+        self._topic = topic
+        self._clock = clock
+        self.states = {s.replica: SourceState(s) for s in self._sources}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def precise(self, replica: ReplicaId) -> bool:
+        state = self.states.get(replica)
+        return state is not None and state.batches > 0
+
+    def status(self, replica: ReplicaId) -> dict[str, object]:
+        state = self.states.get(replica)
+        mode = "precise" if self.precise(replica) else "approximate"
+        out: dict[str, object] = {"mode": mode}
+        if state is not None:
+            tracker = self.ingest.tracker(replica)
+            out.update(state.as_json(self._clock()), engine_blocks_tracked=len(tracker),
+                       unresolved_blocks=tracker.unresolved)
+        return out
+
+    def start(self) -> None:
+        if not self._sources:
+            return
+        self._ctx = zmq.asyncio.Context()
+        for state in self.states.values():
+            sub = Subscriber(self._ctx, state, self.ingest, self._topic)
+            self._tasks.append(asyncio.create_task(sub.run()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
