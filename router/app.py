@@ -117,6 +117,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await upstream.start()
+        await index.warm()
         replicas.start()
         events.start()
         try:

@@ -25,7 +25,8 @@ Contract, identical for every implementation (one test suite runs over all of th
   does not hold are ignored. The engine's own ``BlockRemoved`` events come in here
   (router/events.py): with them the index follows the engine instead of guessing by LRU.
 - ``forget(replica)`` drops everything believed about a replica's GPU (restart, removal).
-- ``close()`` releases connections.
+- ``warm()`` connects (and loads scripts) before the first request; ``close()``
+  releases connections.
 
 Implementations raise ``IndexUnavailable`` (and only that) when their backing store fails;
 ``ResilientIndex`` turns that into a local fallback.
@@ -85,6 +86,8 @@ class PrefixIndex(Protocol):
     ) -> None: ...
 
     async def forget(self, replica: ReplicaId) -> None: ...
+
+    async def warm(self) -> None: ...
 
     async def close(self) -> None: ...
 

@@ -130,6 +130,9 @@ class MemoryIndex:
     async def forget(self, replica: ReplicaId) -> None:
         self._gpu.pop(replica, None)
 
+    async def warm(self) -> None:
+        return None
+
     async def close(self) -> None:
         return None
 

@@ -7,7 +7,10 @@ means trouble, and a routing decision must not wait longer than a cheap miss cos
 Locality is a hint: a stale or partial view costs cache hits, never correctness, so no
 call ever raises because of the primary.
 
-After a failure the primary is skipped entirely (no timeout paid per request) until a
+An error (refused, reset) opens the circuit at once; timeouts open it after
+``trip_after`` (3) in a row, since one slow answer on a busy host is not an outage and
+each open circuit sends lookups to the local view, which misses other routers' records.
+While open, the primary is skipped entirely (no timeout paid per request) until a
 backoff expires: ``backoff_initial_s`` (0.5 s), doubling per consecutive failure up to
 ``backoff_max_s`` (30 s). The first call after that probes it; a success closes the
 circuit and resets the backoff (redis-py reconnects on that call). Records made while
@@ -45,6 +48,7 @@ class ResilientIndex:
         write_timeout_s: float = 0.05,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
+        trip_after: int = 3,
     ) -> None:
         self.primary = primary
         self.fallback = fallback
@@ -57,6 +61,8 @@ class ResilientIndex:
         self._backoff_max_s = backoff_max_s
         self._backoff_s = backoff_initial_s
         self._retry_at: float | None = None
+        self._trip_after = trip_after
+        self._slow = 0
 
     @property
     def degraded(self) -> bool:
@@ -70,11 +76,17 @@ class ResilientIndex:
         self.errors[kind] += 1
         if self._on_error is not None:
             self._on_error(kind)
+        if kind.endswith("_timeout"):
+            self._slow += 1
+            if self._slow < self._trip_after:
+                return
+        self._slow = 0
         if self._retry_at is not None:
             self._backoff_s = min(self._backoff_s * 2, self._backoff_max_s)
         self._retry_at = self._clock() + self._backoff_s
 
     def _succeeded(self) -> None:
+        self._slow = 0
         self._retry_at = None
         self._backoff_s = self._backoff_initial_s
 
@@ -133,6 +145,16 @@ class ResilientIndex:
                 await self.primary.forget(replica)
         except (TimeoutError, IndexUnavailable):
             self._failed("forget_error")
+        else:
+            self._succeeded()
+
+    async def warm(self) -> None:
+        """Warm the primary; a failure here opens the circuit like any other."""
+        try:
+            async with asyncio.timeout(max(1.0, self._write_timeout_s)):
+                await self.primary.warm()
+        except (TimeoutError, IndexUnavailable):
+            self._failed("warm_error")
         else:
             self._succeeded()
 
