@@ -102,11 +102,15 @@ class ReplicaView:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The chosen replica and why, in short stable words (``sticky``, ``gpu-hit``, ...)."""
+    """The chosen replica and why, in short stable words (``sticky``, ``gpu-hit``, ...).
+
+    ``arm`` names the A/B arm whose policy decided (``policies.split``); "" otherwise.
+    """
 
     replica: ReplicaId
     reason: str
     predicted_ttft_s: float | None = None
+    arm: str = ""
 
 
 @dataclass(frozen=True, slots=True)

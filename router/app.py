@@ -20,6 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from policies import registry
+from policies.split import parse_policy_ref
+from router.admin import PolicyAdmin, admin_routes
 from router.errors import LmrouteError, NoHealthyReplica, NotFound, UpstreamConnectError, error_body
 from router.events import EngineEvents, KvIngest, parse_sources
 from router.index import open_index
@@ -43,7 +45,11 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     """Build the router app for ``settings``; nothing starts until the lifespan runs."""
     if not settings.backends:
         raise ValueError("at least one --backend is required")
-    policy = registry.create(settings.policy)
+    # ``--policy NAME[@KEY=VALUE...]``; ``split`` takes its arms from ``--split``.
+    policy_name, policy_options = parse_policy_ref(settings.policy)
+    if policy_name == "split":
+        policy_options = {"spec": settings.split}
+    policy = registry.create(policy_name, policy_options or None)
     upstream = Upstream(settings.connect_timeout_s, settings.first_byte_timeout_s)
     replicas = ReplicaSet(
         settings.backends,
@@ -136,6 +142,8 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     app.state.metrics = metrics
     app.state.locator = locator
     app.state.events = events
+    admin = PolicyAdmin(proxy, settings.admin_key, policy_name, policy_options)
+    app.state.admin = admin
 
     async def chat(request: Request) -> Response:
         return await proxy.handle("chat", request)
@@ -183,7 +191,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
 
     async def replicas_endpoint(request: Request) -> Response:
         out = [{**r.as_json(), "index": events.status(r.id)} for r in replicas.replicas]
-        return _json({"policy": policy.name, "mode": "token" if tokenizer else "text",
+        return _json({"policy": proxy.policy.name, "mode": "token" if tokenizer else "text",
                       "replicas": out})
 
     async def index_lookup(request: Request) -> Response:
@@ -213,9 +221,10 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     app.add_route("/index/lookup", index_lookup, methods=["POST"])
 
     async def policy_endpoint(request: Request) -> Response:
-        return _json(policy.describe())
+        return _json(proxy.policy.describe())
 
     app.add_route("/policy", policy_endpoint, methods=["GET"])
+    app.router.routes.extend(admin_routes(admin))
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -1,6 +1,8 @@
 """The only place router metrics are recorded (Prometheus client, one registry per app).
 
 Counters and histograms are updated by the request path through the methods below;
+every request metric carries an ``arm`` label: the A/B arm of ``policies.split`` that
+routed it, "" when the policy is not a split;
 replica gauges (health, in-flight, scraped engine load) are read from the ReplicaSet at
 scrape time by a collector, so there is no second copy of that state to drift.
 """
@@ -59,18 +61,18 @@ class RouterMetrics:
         r = self.registry
         self.requests = Counter(
             "lmroute_requests", "proxied requests by outcome",
-            ["endpoint", "replica", "status"], registry=r,
+            ["endpoint", "replica", "status", "arm"], registry=r,
         )
         self.decisions = Counter(
-            "lmroute_decisions", "policy decisions", ["policy", "reason"], registry=r
+            "lmroute_decisions", "policy decisions", ["policy", "reason", "arm"], registry=r
         )
         self.retries = Counter(
             "lmroute_retries", "requests re-sent to another replica (failover)",
-            ["replica"], registry=r,
+            ["replica", "arm"], registry=r,
         )
         self.upstream_errors = Counter(
             "lmroute_upstream_errors", "replica failures seen on the request path",
-            ["replica", "kind"], registry=r,
+            ["replica", "kind", "arm"], registry=r,
         )
         self.client_errors = Counter(
             "lmroute_client_errors", "requests refused by the router itself", ["code"], registry=r
@@ -78,11 +80,11 @@ class RouterMetrics:
         self.ttft = Histogram(
             "lmroute_time_to_first_byte_seconds",
             "router receipt to first body byte from the replica (TTFT when streaming)",
-            ["replica"], buckets=LATENCY_BUCKETS, registry=r,
+            ["replica", "arm"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.duration = Histogram(
             "lmroute_request_duration_seconds", "router receipt to last byte",
-            ["replica"], buckets=LATENCY_BUCKETS, registry=r,
+            ["replica", "arm"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.overhead = Histogram(
             "lmroute_routing_overhead_seconds", "parse + lookup + choose, before the upstream send",
@@ -91,7 +93,7 @@ class RouterMetrics:
         self.ttft_ratio = Histogram(
             "lmroute_ttft_observed_over_predicted",
             "observed TTFT / the policy's predicted TTFT (1 = exact; policies that predict)",
-            ["replica"], buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0),
+            ["replica", "arm"], buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0),
             registry=r,
         )
         self.index_lookups = Counter(

@@ -13,10 +13,15 @@ One linear path, like Go's httputil.ReverseProxy:
    retries on another, up to ``max_attempts``; once bytes reached the client there is no
    retry — a stream that breaks mid-way ends with an SSE error event and a clean close;
 6. the reply's status, end-to-end headers and bytes reach the client unchanged (SSE
-   chunks flushed as they arrive), plus x-lmroute-replica / -policy / -reason;
+   chunks flushed as they arrive), plus x-lmroute-replica / -policy / -reason (and -arm
+   when an A/B ``split`` chose);
 7. the policy observes the first byte (``phase="first_token"``, streams) and the end
    (``phase="done"``); TTFT = first body byte (the whole reply when not streamed); a
    successful reply records its prefix as held by the serving replica (and the pool).
+
+The policy object is read once per request (``self.policy`` may be swapped by the admin
+API between requests): every attempt's ``dispatched`` and ``observe`` go to the object
+that chose it, so an in-flight request finishes against the policy that routed it.
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ class _Attempt:
     decision: Decision
     replica: Replica
     chain: list[int]
+    policy: Policy
 
 
 class Proxy:
@@ -147,22 +153,23 @@ class Proxy:
         headers.append(("x-request-id", request_id))
         chain = self.locator.chain(parsed)
         view = await self._view(parsed, chain, request_id, t0)
+        policy = self.policy  # one object for the whole request, whatever the admin API does
         tried: set[str] = set()
         last_error: UpstreamError | None = None
         last_5xx: tuple[UpstreamResponse, bytes, _Attempt] | None = None
         for attempt_no in range(self.max_attempts):
             view = replace(view, exclude=frozenset(tried), now=self.clock())
             try:
-                decision = self.policy.choose(view, self.replicas.views())
+                decision = policy.choose(view, self.replicas.views())
             except NoReplicaAvailable:
                 break
             replica = self.replicas.by_id[decision.replica]
-            attempt = _Attempt(view, decision, replica, chain)
+            attempt = _Attempt(view, decision, replica, chain, policy)
             tried.add(replica.id)
             if attempt_no:
-                self.metrics.retries.labels(replica.url).inc()
-            self.metrics.decisions.labels(self.policy.name, decision.reason).inc()
-            self.policy.dispatched(view, decision)
+                self.metrics.retries.labels(replica.url, decision.arm).inc()
+            self.metrics.decisions.labels(policy.name, decision.reason, decision.arm).inc()
+            policy.dispatched(view, decision)
             replica.in_flight += 1
             if attempt_no == 0:
                 self.metrics.overhead.observe(self.clock() - t0)
@@ -190,7 +197,8 @@ class Proxy:
             return self._buffered(resp, body, attempt, request_id)
         if last_5xx is not None:
             resp, body, attempt = last_5xx
-            self.metrics.requests.labels(parsed.endpoint, attempt.replica.url, resp.status).inc()
+            self.metrics.requests.labels(parsed.endpoint, attempt.replica.url, resp.status,
+                                         attempt.decision.arm).inc()
             return self._buffered(resp, body, attempt, request_id)
         if last_error is not None:
             raise UpstreamError(f"all {len(tried)} replicas tried failed; last: {last_error.message}")
@@ -206,8 +214,8 @@ class Proxy:
     def _failed(self, attempt: _Attempt, kind: str, error: str) -> None:
         attempt.replica.in_flight -= 1
         self.replicas.record_failure(attempt.replica, error)
-        self.metrics.upstream_errors.labels(attempt.replica.url, kind).inc()
-        self.policy.observe(Outcome(attempt.view, attempt.decision, ok=False,
+        self.metrics.upstream_errors.labels(attempt.replica.url, kind, attempt.decision.arm).inc()
+        attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=False,
                                     at=self.clock()))
 
     def _finished(self, attempt: _Attempt, status: int, t0: float, *, ttft: float | None,
@@ -215,15 +223,15 @@ class Proxy:
         now = self.clock()
         attempt.replica.in_flight -= 1
         self.replicas.record_success(attempt.replica, from_probe=False)
-        url = attempt.replica.url
-        self.metrics.requests.labels(attempt.view.endpoint, url, status).inc()
-        self.metrics.duration.labels(url).observe(now - t0)
+        url, arm = attempt.replica.url, attempt.decision.arm
+        self.metrics.requests.labels(attempt.view.endpoint, url, status, arm).inc()
+        self.metrics.duration.labels(url, arm).observe(now - t0)
         if ttft is not None:
-            self.metrics.ttft.labels(url).observe(ttft)
+            self.metrics.ttft.labels(url, arm).observe(ttft)
             predicted = attempt.decision.predicted_ttft_s
             if predicted and ok:
-                self.metrics.ttft_ratio.labels(url).observe(ttft / predicted)
-        self.policy.observe(Outcome(attempt.view, attempt.decision, ok=ok, ttft_s=ttft,
+                self.metrics.ttft_ratio.labels(url, arm).observe(ttft / predicted)
+        attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=ok, ttft_s=ttft,
                                     total_s=now - t0, at=now))
         if ok:
             self.locator.served(attempt.view.session, attempt.chain, attempt.replica.id)
@@ -235,9 +243,11 @@ class Proxy:
         out += [
             (b"x-request-id", request_id.encode("latin-1")),
             (b"x-lmroute-replica", attempt.replica.url.encode("latin-1")),
-            (b"x-lmroute-policy", self.policy.name.encode("latin-1")),
+            (b"x-lmroute-policy", attempt.policy.name.encode("latin-1")),
             (b"x-lmroute-reason", attempt.decision.reason.encode("latin-1")),
         ]
+        if attempt.decision.arm:
+            out.append((b"x-lmroute-arm", attempt.decision.arm.encode("latin-1")))
         return out
 
     def _buffered(self, resp: UpstreamResponse, body: bytes, attempt: _Attempt,
@@ -259,7 +269,7 @@ class Proxy:
                         state["ttft"] = now - t0
                         # The prefill is over: queue-aware policies free the replica now,
                         # not when the (long) decode ends.
-                        self.policy.observe(Outcome(attempt.view, attempt.decision, ok=True,
+                        attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=True,
                                                     ttft_s=now - t0, phase="first_token",
                                                     at=now))
                     yield chunk
@@ -267,7 +277,8 @@ class Proxy:
                 # Bytes already reached the client: no retry. End with an error event the
                 # OpenAI SDKs raise on, then close the stream cleanly.
                 state["ok"] = False
-                self.metrics.upstream_errors.labels(attempt.replica.url, "mid_stream").inc()
+                self.metrics.upstream_errors.labels(attempt.replica.url, "mid_stream",
+                                                    attempt.decision.arm).inc()
                 yield sse_error_event(exc.message)
 
         async def cleanup() -> None:

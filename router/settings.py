@@ -27,7 +27,14 @@ class Settings:
     backends: tuple[str, ...] = field(
         default=(), metadata={"help": "replica base URL, e.g. http://127.0.0.1:8000 (repeat)"}
     )
-    policy: str = field(default="least_loaded", metadata={"help": "routing policy name"})
+    policy: str = field(
+        default="least_loaded", metadata={"help": "routing policy: NAME[@OPTION=VALUE...], e.g. "
+                                          "locality@stay_margin=0.3, or split (see --split)"}
+    )
+    split: str = field(
+        default="", metadata={"help": "A/B arms for --policy split: NAME=POLICY:WEIGHT,... "
+                              "[,salt=S], or JSON (a TOML table); see policies/split.py"}
+    )
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=8080, metadata={"help": "port to bind"})
     max_body_bytes: int = field(
@@ -129,7 +136,8 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
         if typ is float or typ == "float":
             return float(value)
         if typ is str or typ == "str":
-            return str(value)
+            # A TOML table or JSON object (the ``split`` section) travels as JSON text.
+            return json.dumps(value) if isinstance(value, dict | list) else str(value)
         # tuple[str, ...]
         if isinstance(value, str):
             return tuple(v.strip() for v in value.split(",") if v.strip())

@@ -103,3 +103,10 @@ def add_sim_commands(sub: Any) -> None:
     from sim.sim_cli import add_sim_command
 
     add_sim_command(sub)
+
+    from sim.ab_report import add_ab_options
+    from sim.ab_report import main as ab_main
+
+    ab = sub.add_parser("ab", help="A/B test two routing policies (or deployments) on live traffic")
+    add_ab_options(ab)
+    ab.set_defaults(func=ab_main)

@@ -2,7 +2,7 @@
 
 ``chat_turn`` streams one chat completion and measures, in model seconds (wall seconds /
 ``time_scale``): TTFT = request sent to the first non-empty content chunk, and the whole
-turn. It also reads the router's ``x-lmroute-replica`` / ``x-lmroute-reason`` headers and
+turn. It also reads the router's ``x-lmroute-replica`` / ``-reason`` / ``-arm`` headers and
 the replica's usage (prompt and cached tokens). ``text_of`` makes session text: hex of
 seeded random bytes, ASCII, so the emulated tokenizer counts 4 characters a token.
 """
@@ -30,6 +30,7 @@ class Turn:
     prompt_tokens: int
     cached_tokens: int
     reason: str = ""
+    arm: str = ""
 
 
 def text_of(seed: int, tokens: int) -> str:
@@ -53,6 +54,7 @@ async def chat_turn(client: httpx.AsyncClient, url: str, session: str,
         resp.raise_for_status()
         replica = resp.headers.get("x-lmroute-replica", "")
         reason = resp.headers.get("x-lmroute-reason", "")
+        arm = resp.headers.get("x-lmroute-arm", "")
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -68,5 +70,5 @@ async def chat_turn(client: httpx.AsyncClient, url: str, session: str,
     end = time.perf_counter()
     cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
     turn = Turn(((first or end) - sent) / time_scale, (end - sent) / time_scale, replica,
-                int(usage.get("prompt_tokens", 0)), cached, reason)
+                int(usage.get("prompt_tokens", 0)), cached, reason, arm)
     return turn, "".join(pieces)

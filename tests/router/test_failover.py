@@ -32,8 +32,8 @@ def test_killed_replica_requests_fail_over(start_servers) -> None:
     assert [r.status_code for r in replies] == [200] * 6
     assert {r.headers["x-lmroute-replica"] for r in replies} == {b.url}
     metrics = httpx.get(lm.url + "/metrics").text
-    assert f'lmroute_retries_total{{replica="{b.url}"}}' in metrics
-    assert f'lmroute_upstream_errors_total{{kind="connect",replica="{a.url}"}}' in metrics
+    assert f'lmroute_retries_total{{arm="",replica="{b.url}"}}' in metrics
+    assert f'lmroute_upstream_errors_total{{arm="",kind="connect",replica="{a.url}"}}' in metrics
     # Two connect failures ejected a: later requests no longer try it at all.
     health = {r["url"]: r["healthy"] for r in httpx.get(lm.url + "/replicas").json()["replicas"]}
     assert health == {a.url: False, b.url: True}
