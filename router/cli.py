@@ -63,7 +63,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _policies(args: argparse.Namespace) -> int:
     from policies import registry
 
-    print("\n".join(registry.names()))
+    # ``split`` composes the others (A/B tests), so it is not in names(), which sweeps use.
+    print("\n".join([*registry.names(), "split"]))
     return 0
 
 

@@ -28,7 +28,7 @@ class Settings:
         default=(), metadata={"help": "replica base URL, e.g. http://127.0.0.1:8000 (repeat)"}
     )
     policy: str = field(
-        default="least_loaded", metadata={"help": "routing policy: NAME[@OPTION=VALUE...], e.g. "
+        default="locality", metadata={"help": "routing policy: NAME[@OPTION=VALUE...], e.g. "
                                           "locality@stay_margin=0.3, or split (see --split)"}
     )
     split: str = field(

@@ -75,13 +75,6 @@ def close_replica(replica: EmulatedReplica) -> None:
         engine.publisher.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class LoopServers:
     """``async with LoopServers([app, ...]) as urls``: serve ASGI apps on loopback ports."""
 
@@ -93,7 +86,12 @@ class LoopServers:
     async def __aenter__(self) -> list[str]:
         urls = []
         for app in self.apps:
-            port = free_port()
+            # Bind here and hand uvicorn the socket: picking a free port and binding it
+            # later races with every other process doing the same (seen as uvicorn's
+            # start-up exit 3 when tests ran in parallel with other servers).
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
             config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                     access_log=False, lifespan="auto")
             server = uvicorn.Server(config)
@@ -101,7 +99,7 @@ class LoopServers:
             # would restore the handlers out of order); Ctrl-C reaches the caller instead.
             server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
             self._servers.append(server)
-            self._tasks.append(asyncio.create_task(server.serve()))
+            self._tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
             urls.append(f"http://127.0.0.1:{port}")
         while not all(s.started for s in self._servers):
             for task in self._tasks:

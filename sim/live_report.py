@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from sim.live import LiveConfig, run_live
@@ -44,6 +45,34 @@ def table(doc: dict[str, Any]) -> str:
                      f"{r['ttft_mean_s']:.3f} | {r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} | "
                      f"{r['ttft_p99_s']:.3f} |")
     return "\n".join(lines)
+
+
+def failover_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per policy, with ``--kill-at``: the first turn of each session that had to leave the
+    lost replica, against that policy's own pool-hit and GPU-hit turns (model seconds)."""
+    kill = doc["params"]["kill_at"]
+    out = []
+    for policy in dict.fromkeys(t["policy"] for t in doc["turns"]):
+        turns = sorted((t for t in doc["turns"] if t["policy"] == policy and "ttft_s" in t),
+                       key=lambda t: t["sent_s"])
+        lost = turns[0]["lost_replica"] if turns else None
+        last: dict[int, str] = {}
+        moved: list[float] = []
+        for t in turns:
+            if t["sent_s"] >= kill and last.get(t["session"]) == lost:
+                moved.append(t["ttft_s"])
+            last[t["session"]] = t["replica"]
+        pool = [t["ttft_s"] for t in turns if t["reason"] == "pool-hit"]
+        cold = [t["ttft_s"] for t in turns if t["turn"] == 0]
+        out.append({"policy": policy, "moved_sessions": len(moved),
+                    "moved_first_turn_ttft_median_s": _median(moved),
+                    "pool_hit_ttft_median_s": _median(pool),
+                    "first_turn_ttft_median_s": _median(cold)})
+    return out
+
+
+def _median(xs: list[float]) -> float | None:
+    return float(np.median(xs)) if xs else None
 
 
 def plot(doc: dict[str, Any], path: str) -> None:
@@ -99,6 +128,10 @@ def main(args: argparse.Namespace) -> int:
         task = progress.add_task("live load", total=total)
         doc = asyncio.run(run_live(cfg, lambda: progress.advance(task)))
     print(table(doc))
+    if cfg.kill_at is not None:
+        doc["failover"] = failover_summary(doc)
+        for row in doc["failover"]:
+            print(row)
     print(f"wall time {doc['wall_s']:.0f} s")
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)

@@ -21,22 +21,41 @@ except ImportError:  # tests/ became a package
     from tests.servers_redis import free_port
 
 LOG_DIR = Path(os.environ.get("LMROUTE_TEST_LOGS", "/tmp/lmroute-test-logs"))
+UVICORN_STARTUP_FAILURE = 3  # uvicorn's exit status when it cannot bind
+
+
+class PortTaken(Exception):
+    """The server exited at start-up: another process took its port first."""
 
 
 class Server:
     """One ``lmroute`` subprocess listening on ``port``."""
 
     def __init__(self, args: list[str], port: int, ready_path: str = "/health",
-                 env: dict[str, str] | None = None, name: str = "server"):
+                 env: dict[str, str] | None = None, name: str = "server",
+                 repick_port: bool = False):
         self.args = args
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.ready_path = ready_path
         self.env = env
         self.name = name
+        self.repick_port = repick_port
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 30.0) -> Server:
+        """Start and wait until ready; a port taken between picking and binding (another
+        process won the race) is re-picked, a few times, when the port was ours to pick."""
+        for _ in range(3 if self.repick_port else 1):
+            try:
+                return self._start(timeout_s)
+            except PortTaken:
+                new = free_port()
+                self.args = [str(new) if a == str(self.port) else a for a in self.args]
+                self.port, self.url = new, f"http://127.0.0.1:{new}"
+        return self._start(timeout_s)
+
+    def _start(self, timeout_s: float) -> Server:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         log = open(LOG_DIR / f"{self.name}-{self.port}.log", "ab")  # noqa: SIM115
         env = {**os.environ, **(self.env or {})}
@@ -46,6 +65,8 @@ class Server:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self.proc.returncode == UVICORN_STARTUP_FAILURE:
+                    raise PortTaken(self.port)
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; "
                                    f"see {LOG_DIR}")
             try:
@@ -74,13 +95,14 @@ class Server:
 
 
 def replica(*extra: str, port: int | None = None) -> Server:
-    port = port or free_port()
-    return Server(["replica", "--port", str(port), *extra], port, name="replica")
+    chosen = port or free_port()
+    return Server(["replica", "--port", str(chosen), *extra], chosen, name="replica",
+                  repick_port=port is None)
 
 
 def router(backends: list[str], *extra: str, port: int | None = None) -> Server:
-    port = port or free_port()
-    args = ["serve", "--port", str(port)]
+    chosen = port or free_port()
+    args = ["serve", "--port", str(chosen)]
     for b in backends:
         args += ["--backend", b]
-    return Server([*args, *extra], port, name="router")
+    return Server([*args, *extra], chosen, name="router", repick_port=port is None)
