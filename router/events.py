@@ -37,7 +37,6 @@ bookkeeping). ``status()`` feeds ``/replicas``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -50,6 +49,7 @@ from policies.base import ReplicaId, Tier
 from router.index import IndexUnavailable, PrefixIndex
 from router.kv_blocks import ChainTracker, Cleared, Removed, Stored, decode_payload, root_salt
 from router.prefix import root_key
+from router.tasks import cancel_all
 
 log = logging.getLogger("lmroute.events")
 END_SEQ = -1
@@ -322,12 +322,7 @@ class EngineEvents:
             self._tasks.append(asyncio.create_task(sub.run()))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await cancel_all(self._tasks)
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None

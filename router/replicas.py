@@ -15,7 +15,6 @@ Load: ``in_flight`` is counted by the router itself (exact, instant). Every
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from policies.base import ReplicaView
 from router.errors import UpstreamConnectError
+from router.tasks import cancel_all
 from router.upstream import Upstream
 
 log = logging.getLogger("lmroute.replicas")
@@ -194,9 +194,4 @@ class ReplicaSet:
             )
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await cancel_all(self._tasks)
