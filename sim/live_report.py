@@ -77,6 +77,7 @@ def _median(xs: list[float]) -> float | None:
 
 def plot(doc: dict[str, Any], path: str) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -94,6 +95,9 @@ def plot(doc: dict[str, Any], path: str) -> None:
         ax.set_xlabel("session arrivals per model second")
         ax.set_ylabel("model seconds")
         ax.set_yscale("log")
+        # Plain numbers on the log axis: "2.6", not "2.6 x 10^0".
+        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.1f"))
         ax.grid(alpha=0.3)
     axes[0].legend()
     p = doc["params"]
