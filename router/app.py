@@ -22,14 +22,14 @@ from starlette.responses import Response
 from policies import registry
 from policies.split import parse_policy_ref
 from router.admin import PolicyAdmin, admin_routes
-from router.errors import LmrouteError, NoHealthyReplica, NotFound, UpstreamConnectError, error_body
+from router.errors import LmrouteError, NoHealthyReplica, NotFound, error_body
 from router.events import EngineEvents, KvIngest, parse_sources
 from router.index import open_index
 from router.locator import Locator, capacity_from_bytes
 from router.metrics import RouterMetrics
 from router.openai_api import Endpoint, parse_request
 from router.proxy import Proxy, error_response
-from router.replicas import Replica, ReplicaSet
+from router.replicas import Replica, ReplicaSet, list_models
 from router.settings import Settings
 from router.tokenizer import ChatTokenizer
 from router.upstream import Upstream
@@ -82,13 +82,8 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
         if settings.served_model:
             return settings.served_model
         if replica_id not in served_models:
-            try:
-                status, body = await upstream.get(replica_id + "/v1/models",
-                                                  settings.health_timeout_s)
-                data = orjson.loads(body).get("data", []) if status == 200 else []
-            except (UpstreamConnectError, orjson.JSONDecodeError, AttributeError):
-                return None
-            base = [m for m in data if isinstance(m, dict) and not m.get("parent")]
+            data = await list_models(upstream, replica_id, settings.health_timeout_s)
+            base = [m for m in data if not m.get("parent")]
             if not base:
                 return None
             served_models[replica_id] = str(base[0].get("id"))
@@ -159,22 +154,10 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
         if not healthy:
             return error_response(NoHealthyReplica("no healthy replica to list models from"))
 
-        async def one(url: str) -> list[dict[str, Any]]:
-            try:
-                status, body = await upstream.get(url + "/v1/models", settings.health_timeout_s,
-                                                  headers=hdrs)
-            except UpstreamConnectError:
-                return []
-            if status != 200:
-                return []
-            try:
-                data = orjson.loads(body).get("data", [])
-            except (orjson.JSONDecodeError, AttributeError):
-                return []
-            return [m for m in data if isinstance(m, dict) and "id" in m]
-
         seen: dict[str, dict[str, Any]] = {}
-        for found in await asyncio.gather(*(one(r.url) for r in healthy)):
+        listed = await asyncio.gather(
+            *(list_models(upstream, r.url, settings.health_timeout_s, hdrs) for r in healthy))
+        for found in listed:
             for m in found:
                 seen.setdefault(str(m["id"]), m)
         return _json({"object": "list", "data": list(seen.values())})

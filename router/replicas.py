@@ -18,7 +18,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from policies.base import ReplicaView
@@ -77,6 +79,17 @@ class Replica:
             },
             "last_error": self.last_error,
         }
+
+
+async def list_models(upstream: Upstream, url: str, timeout_s: float,
+                      headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """A replica's ``/v1/models`` entries (objects with an ``id``); [] when it cannot say."""
+    try:
+        status, body = await upstream.get(url + "/v1/models", timeout_s, headers=headers)
+        data = orjson.loads(body).get("data", []) if status == 200 else []
+    except (UpstreamConnectError, orjson.JSONDecodeError, AttributeError):
+        return []
+    return [m for m in data if isinstance(m, dict) and "id" in m]
 
 
 def parse_engine_load(text: str) -> dict[str, float]:
