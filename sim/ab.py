@@ -129,26 +129,13 @@ def split_options(arms: list[ArmRef], seed: int) -> dict[str, Any]:
 async def emulated(cfg: AbConfig, pool_on: bool, policy: str, admin_key: str
                    ) -> AsyncIterator[str]:
     """Two replicas sharing a pool (or none) and the router; yields the router's URL."""
-    from router.app import create_app
-    from router.settings import Settings
-    from sim.deployment import LoopServers, close_replica, model_replica
+    from sim.deployment import emulated_deployment
     from sim.profiles import get_profile
-    from sim.server import create_replica_app
 
-    profile = get_profile(cfg.profile)
-    pool = profile.make_pool() if pool_on else None
-    replicas = [model_replica(n, profile, pool, model=cfg.model, time_scale=cfg.time_scale)
-                for n in ("a", "b")]
-    try:
-        async with LoopServers([create_replica_app(r) for r in replicas]) as urls:
-            settings = Settings(backends=tuple(urls), policy=policy, admin_key=admin_key,
-                                health_interval_s=1.0, scrape_interval_s=0.5,
-                                pool_bytes=profile.pool_bytes if pool_on else 0)
-            async with LoopServers([create_app(settings)]) as (router_url,):
-                yield router_url
-    finally:
-        for r in replicas:
-            close_replica(r)
+    async with emulated_deployment(get_profile(cfg.profile), policy=policy, pool_on=pool_on,
+                                   model=cfg.model, time_scale=cfg.time_scale,
+                                   admin_key=admin_key) as deployment:
+        yield deployment.router_url
 
 
 class Runner:

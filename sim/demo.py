@@ -35,10 +35,9 @@ from typing import Any
 import httpx
 import xxhash
 
-from sim.deployment import LoopServers, close_replica, model_replica
+from sim.deployment import emulated_deployment
 from sim.driver import MODEL, Turn, chat_turn, text_of
 from sim.profiles import get_profile
-from sim.server import create_replica_app
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,24 +75,11 @@ async def _session(client: httpx.AsyncClient, url: str, index: int, cfg: DemoCon
 async def run_configuration(cfg: DemoConfig, policy: str, pool_on: bool,
                             on_turn: Callable[[], None]) -> dict[str, Any]:
     """One (policy, pool) cell on fresh replicas, pool and router."""
-    from router.app import create_app
-    from router.settings import Settings
-
-    profile = get_profile(cfg.profile)
-    pool = profile.make_pool() if pool_on else None
-    replicas = [model_replica(name, profile, pool, model=MODEL, time_scale=cfg.time_scale)
-                for name in ("a", "b")]
-    try:
-        async with LoopServers([create_replica_app(r) for r in replicas]) as urls:
-            settings = Settings(backends=tuple(urls), policy=policy, health_interval_s=1.0,
-                                scrape_interval_s=0.5)
-            async with LoopServers([create_app(settings)]) as (router_url,), httpx.AsyncClient(
-                    timeout=httpx.Timeout(600.0)) as client:
-                sessions = [await _session(client, router_url, i, cfg, on_turn)
-                            for i in range(cfg.sessions)]
-    finally:
-        for r in replicas:
-            close_replica(r)
+    async with emulated_deployment(get_profile(cfg.profile), policy=policy, pool_on=pool_on,
+                                   model=MODEL, time_scale=cfg.time_scale) as deployment, \
+            httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
+        sessions = [await _session(client, deployment.router_url, i, cfg, on_turn)
+                    for i in range(cfg.sessions)]
     ttfts = [t["ttft_s"] for s in sessions for t in s["turns"]]
     later = [t["ttft_s"] for s in sessions for t in s["turns"][1:]]
     return {

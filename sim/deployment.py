@@ -9,6 +9,11 @@ processes with the same name each get their own pool.
 ``LoopServers`` runs several ``uvicorn.Server`` instances as tasks of the running loop on
 127.0.0.1 ports it picks, waits until each has started, and stops them all (graceful
 shutdown, then cancellation) on exit.
+
+``emulated_deployment`` is what the demo, ``lmroute live`` and ``lmroute ab --emulated``
+run: N model replicas sharing one fresh pool (or none) and the router in front of them,
+the router told the pool's size (0 without one) so its index never believes in a pool
+that is not there.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -28,7 +33,7 @@ from sim.kv_events import KvEventPublisher
 from sim.model import ReplicaModel
 from sim.pool import SharedPool
 from sim.profiles import Profile
-from sim.server import EmulatedReplica, Faults
+from sim.server import EmulatedReplica, Faults, create_replica_app
 
 
 @dataclass
@@ -125,3 +130,42 @@ class LoopServers:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._servers.clear()
         self._tasks.clear()
+
+
+@dataclass
+class EmulatedDeployment:
+    """A running ``emulated_deployment``: where to send requests, and its replicas."""
+
+    router_url: str
+    replica_urls: list[str]
+    replica_servers: LoopServers
+
+    async def stop_replica(self, index: int) -> None:
+        """Take one replica away (its port refuses connections: a lost replica)."""
+        await self.replica_servers.stop(index)
+
+
+@contextlib.asynccontextmanager
+async def emulated_deployment(profile: Profile, *, policy: str, pool_on: bool, model: str,
+                              time_scale: float, replicas: int = 2,
+                              **router_settings: Any) -> AsyncIterator[EmulatedDeployment]:
+    """Fresh replicas, pool and router; ``router_settings`` override the router's
+    ``Settings`` (the defaults probe health every second and scrape every 0.5 s)."""
+    from router.app import create_app  # the CLI layer's tools: the router is a peer here
+    from router.settings import Settings
+
+    pool = profile.make_pool() if pool_on else None
+    built = [model_replica(f"r{i}", profile, pool, model=model, time_scale=time_scale)
+             for i in range(replicas)]
+    servers = LoopServers([create_replica_app(r) for r in built])
+    options: dict[str, Any] = {"health_interval_s": 1.0, "scrape_interval_s": 0.5,
+                               "pool_bytes": profile.pool_bytes if pool_on else 0}
+    options.update(router_settings)
+    try:
+        async with servers as urls:
+            settings = Settings(backends=tuple(urls), policy=policy, **options)
+            async with LoopServers([create_app(settings)]) as (router_url,):
+                yield EmulatedDeployment(router_url, urls, servers)
+    finally:
+        for r in built:
+            close_replica(r)

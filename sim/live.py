@@ -30,10 +30,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from sim.deployment import LoopServers, close_replica, model_replica
+from sim.deployment import emulated_deployment
 from sim.driver import chat_turn, text_of
 from sim.profiles import get_profile
-from sim.server import create_replica_app
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,34 +114,21 @@ def summarize(policy: str, pool: bool, load: float, turns: list[dict[str, Any]])
 async def run_cell(cfg: LiveConfig, policy: str, load: float,
                    on_turn: Callable[[], None]) -> list[dict[str, Any]]:
     """One (policy, load) cell on fresh replicas, pool and router; returns every turn."""
-    from router.app import create_app
-    from router.settings import Settings
-
-    profile = get_profile(cfg.profile)
-    pool = profile.make_pool() if cfg.pool else None
-    replicas = [model_replica(f"r{i}", profile, pool, model="emulated-27b",
-                              time_scale=cfg.time_scale) for i in range(cfg.replicas)]
     plans = plan_sessions(cfg, load)
-    try:
-        replica_servers = LoopServers([create_replica_app(r) for r in replicas])
-        async with replica_servers as urls:
-            settings = Settings(backends=tuple(urls), policy=policy, health_interval_s=0.5,
-                                scrape_interval_s=0.5, eject_after=1,
-                                pool_bytes=profile.pool_bytes if cfg.pool else 0)
-            async with LoopServers([create_app(settings)]) as (router_url,), \
-                    httpx.AsyncClient(timeout=httpx.Timeout(900.0),
-                                      limits=httpx.Limits(max_connections=512)) as client:
-                t0 = time.perf_counter()
-                tasks = [asyncio.create_task(_session(client, router_url, p, cfg, t0, on_turn))
-                         for p in plans]
-                if cfg.kill_at is not None:
-                    await asyncio.sleep(cfg.kill_at * cfg.time_scale)
-                    await replica_servers.stop(0)
-                results = await asyncio.gather(*tasks)
-    finally:
-        for r in replicas:
-            close_replica(r)
-    lost = urls[0] if cfg.kill_at is not None else None
+    async with emulated_deployment(get_profile(cfg.profile), policy=policy, pool_on=cfg.pool,
+                                   model="emulated-27b", time_scale=cfg.time_scale,
+                                   replicas=cfg.replicas, health_interval_s=0.5,
+                                   eject_after=1) as deployment, \
+            httpx.AsyncClient(timeout=httpx.Timeout(900.0),
+                              limits=httpx.Limits(max_connections=512)) as client:
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(_session(client, deployment.router_url, p, cfg, t0,
+                                              on_turn)) for p in plans]
+        if cfg.kill_at is not None:
+            await asyncio.sleep(cfg.kill_at * cfg.time_scale)
+            await deployment.stop_replica(0)
+        results = await asyncio.gather(*tasks)
+    lost = deployment.replica_urls[0] if cfg.kill_at is not None else None
     return [row | {"policy": policy, "load": load, "lost_replica": lost}
             for rows in results for row in rows]
 
