@@ -26,8 +26,8 @@ from typing import Any
 
 from scipy import stats as sps
 
-from sim.profiles import get_profile
-from sim.scenarios import load as load_sweep
+from sim.experiments.scenarios import load as load_sweep
+from sim.replica.profiles import load_profile
 
 METRICS = ("ttft_mean_s", "ttft_p90_s")
 OURS = "locality"
@@ -35,7 +35,7 @@ OURS = "locality"
 
 def one_point(profile: str, replicas: int, load: float, seed: int,
               duration_s: float) -> list[dict[str, Any]]:
-    result = load_sweep(get_profile(profile), replicas=replicas, loads=[load], seed=seed,
+    result = load_sweep(load_profile(profile), replicas=replicas, loads=[load], seed=seed,
                         duration_s=duration_s)
     return [{"seed": seed, "load": load, "policy": r["policy"], "pool": r["pool"],
              "n": r["n"], **{m: r[m] for m in (*METRICS, "ttft_p50_s")}} for r in result.rows]

@@ -29,7 +29,7 @@ from router.index import MemoryIndex
 from router.kv_blocks import ChainTracker, Stored, decode_payload
 from router.prefix import root_key, token_chain
 from router.tokenizer import ChatTokenizer, TemplateFailed
-from sim.kv_events import all_blocks_cleared, block_removed, block_stored
+from sim.emulator.kv_events import all_blocks_cleared, block_removed, block_stored
 
 R = "http://r1"
 ROOT = root_key("m")

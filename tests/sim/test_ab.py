@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.ab_stats import abba_order, analyze, check_coverage, difference, synthetic_turns
-from sim.ab_workload import parse_arms, plan_generated, trace_conversations, trace_prompt
-from sim.trace import TRACE_BLOCK_TOKENS, TraceRecord
+from sim.des.trace import TRACE_BLOCK_TOKENS, TraceRecord
+from sim.experiments.ab_sessions import parse_arms, plan_generated, trace_conversations, trace_prompt
+from sim.experiments.ab_stats import abba_order, analyze, check_coverage, difference, synthetic_turns
 
 TRACE = Path("/work/shared/traces/mooncake_conversation_trace.jsonl")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sim.engine import EventInPast, EventLoop
+from sim.des.loop import EventInPast, EventLoop
 
 
 @dataclass

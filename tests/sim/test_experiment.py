@@ -10,15 +10,16 @@ from pathlib import Path
 from typing import ClassVar
 
 from policies.base import BasePolicy, Decision, Outcome, ReplicaView, RequestView
-from sim import scenarios
-from sim.cluster import Cluster
-from sim.experiment import Arm, run_arm
-from sim.profiles import STUDY_27B, TINY
-from sim.report import markdown, plot, write_json
-from sim.reproduce import passes, run_study
-from sim.simulation import Run
-from sim.trace import parse_lines
-from sim.workload import KeyAlloc, SessionMix, SessionWorkload, prefix_chain
+from sim.des.cluster import Cluster
+from sim.des.simulation import Run
+from sim.des.trace import parse_lines
+from sim.des.workload import KeyAlloc, SessionMix, SessionWorkload, prefix_chain
+from sim.experiments import scenarios
+from sim.experiments.arms import SimArm, run_arm
+from sim.experiments.reproduce import passes, run_study
+from sim.experiments.sim_report import markdown, plot, write_json
+from sim.replica.model import ReplicaModel
+from sim.replica.profiles import STUDY_27B, TINY
 
 CONTRACT = ("policy", "pool", "n", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s")
 SMALL_MIX = SessionMix(system_tokens=32, first_tokens=(64, 512), added_tokens=(16, 64),
@@ -79,9 +80,9 @@ def test_trace_scenario_contract_and_oracle_twin() -> None:
 
 
 def _load_records(seed: int) -> list[tuple[str, str, float]]:
-    from sim.workload import poisson_sessions
+    from sim.des.workload import poisson_sessions
 
-    run = run_arm(TINY, 3, Arm("least_loaded", True),
+    run = run_arm(TINY, 3, SimArm("least_loaded", True),
                   lambda rng: poisson_sessions(rng, 0.5, 60.0, SMALL_MIX, TINY.chunk_tokens), seed)
     return [(r.session, r.replica, r.ttft_s) for r in run.records]
 
@@ -138,7 +139,8 @@ def test_hooks_run_like_the_proxy_and_the_index_learns_on_completion() -> None:
 def test_the_policy_sees_the_index_not_a_restart_it_was_not_told_about() -> None:
     cluster = Cluster(TINY, 2, pool_on=False)
     Run(cluster, Recorder(), _doc(1)).execute()
-    cluster.restart("r0")  # the engine lost its cache; the router was not told
+    # An engine restart (a fresh model: empty GPU cache and queue); the router is not told.
+    cluster.models["r0"] = ReplicaModel("r0", TINY, cluster.pool)
     policy = Recorder()
     [rec] = Run(cluster, policy, _doc(1)).execute()
     assert policy.seen[0].residency.gpu == {"r0": 32}  # stale belief
@@ -146,7 +148,7 @@ def test_the_policy_sees_the_index_not_a_restart_it_was_not_told_about() -> None
 
     oracle = Cluster(TINY, 2, pool_on=False, oracle=True)
     Run(oracle, Recorder(), _doc(1)).execute()
-    oracle.restart("r0")
+    oracle.models["r0"] = ReplicaModel("r0", TINY, oracle.pool)
     seer = Recorder()
     Run(oracle, seer, _doc(1)).execute()
     assert seer.seen[0].residency.gpu == {}

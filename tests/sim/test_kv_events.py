@@ -14,9 +14,9 @@ import zmq
 from servers import Server, replica
 from servers_redis import free_port
 
-from sim.engine_adapter import block_hashes
-from sim.kv_events import KvEventPublisher, block_removed, block_stored, decode_batch
-from sim.profiles import TINY
+from sim.emulator.engine import block_hashes
+from sim.emulator.kv_events import KvEventPublisher, block_removed, block_stored, decode_batch
+from sim.replica.profiles import TINY
 
 MODEL = "emulated-27b"
 

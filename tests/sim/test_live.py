@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from sim.live import LiveConfig, plan_sessions, run_cell, run_live
+from sim.experiments.live import LiveConfig, plan_sessions, run_cell, run_live
 
 
 def test_plans_are_seeded_and_shared_across_policies() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sim.model import ReplicaModel, ReplicaRequest
-from sim.profiles import STUDY_27B, TINY, get_profile
-from sim.study import compare, cross_replica_ttft, format_table
+from sim.experiments.study import compare, cross_replica_ttft, format_table
+from sim.replica.model import ReplicaModel, ReplicaRequest
+from sim.replica.profiles import STUDY_27B, TINY, ProfileError, load_profile
 
 B = TINY.chunk_tokens
 DOC = tuple(range(100, 164))  # 64 blocks = 1,024 tokens; the GPU holds 64 blocks
@@ -143,13 +143,13 @@ def test_bad_requests_are_refused() -> None:
 
 
 def test_prefill_is_superlinear_and_profiles_are_named() -> None:
-    p = get_profile("study-27b")
+    p = load_profile("study-27b")
     assert p.prefill_s(0, 2 * 131072) > 2.5 * p.prefill_s(0, 131072)
     assert p.prefill_s(131072, 64) - p.prefill_fixed_s < 0.05  # a question at depth
     assert p.pool_load_s(0) == 0.0
     assert p.gpu_capacity_blocks > 1000 and p.make_pool().capacity_chunks > 5000
-    with pytest.raises(KeyError, match="known"):
-        get_profile("nope")
+    with pytest.raises(ProfileError, match="built-in: study-27b"):
+        load_profile("nope")
 
 
 def test_study_pool_hit_is_near_the_physical_pool_numbers() -> None:

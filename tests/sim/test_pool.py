@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sim.gpu_cache import BlockLRU, GpuPrefixCache
-from sim.pool import SharedPool
-from sim.profiles import TINY
+from sim.replica.gpu_cache import BlockLRU, GpuPrefixCache
+from sim.replica.pool import SharedPool
+from sim.replica.profiles import TINY
 
 
 def test_lru_never_exceeds_capacity_and_counts_evictions() -> None:

@@ -8,9 +8,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sim.deployment import LoopServers, PoolRegistry, close_replica, model_replica
-from sim.profiles import TINY
-from sim.server import create_replica_app
+from sim.emulator.deployment import LoopServers, PoolRegistry, close_replica, model_replica
+from sim.emulator.server import create_replica_app
+from sim.replica.profiles import TINY
 
 MODEL = "emulated-27b"
 VLLM_NAMES = {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.trace import (
+from sim.des.trace import (
     TRACE_KEY_BASE,
     TraceFormatError,
     chunk_chain,
@@ -16,7 +16,7 @@ from sim.trace import (
     session_key,
     trace_workload,
 )
-from sim.workload import KeyAlloc, SessionMix, poisson_sessions, prefix_chain, study_session
+from sim.des.workload import KeyAlloc, SessionMix, poisson_sessions, prefix_chain, study_session
 
 TRACE = Path("/work/shared/traces/mooncake_conversation_trace.jsonl")
 
@@ -53,7 +53,7 @@ def test_study_session_and_prefix_chain_shapes() -> None:
 
 
 def test_sequential_workload_releases_the_next_turn_after_completion() -> None:
-    from sim.workload import SessionWorkload
+    from sim.des.workload import SessionWorkload
 
     keys = KeyAlloc()
     specs = [prefix_chain(keys, random.Random(0), f"d{i}", 4096, 1568) for i in range(2)]

@@ -1,4 +1,4 @@
-"""The simulator's scenarios beyond the study design (that one is ``sim.reproduce``).
+"""The simulator's scenarios beyond the study design (that one is ``sim.experiments.reproduce``).
 
 - ``cross_replica``: a document of 8k/32k/128k/256k tokens asked twice, one pair after
   another on 2 replicas: the first ask is cold; the second goes where the policy sends it
@@ -11,7 +11,7 @@
   ``warmup`` fraction of the horizon is not measured.
 - ``pool_pressure``: the ``load`` workload at one load, pool capacity from ample to
   scarce (LRU eviction); pool-off rows as the floor.
-- ``trace``: a Mooncake-format trace replayed open loop (``sim.trace``), every policy,
+- ``trace``: a Mooncake-format trace replayed open loop (``sim.des.trace``), every policy,
   pool off and on; reports simulated requests per CPU second.
 """
 
@@ -24,12 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from sim.experiment import NoProgress, Progress, Result, arms, run_arm, session_totals
-from sim.profiles import GIB, Profile
-from sim.simulation import Record
-from sim.stats import group_rows, paired, summary
-from sim.trace import TraceRecord, trace_workload
-from sim.workload import (
+from sim.des.simulation import Record
+from sim.des.trace import TraceRecord, trace_workload
+from sim.des.workload import (
     KeyAlloc,
     SessionMix,
     SessionWorkload,
@@ -38,6 +35,9 @@ from sim.workload import (
     prefix_chain,
     study_session,
 )
+from sim.experiments.arms import NoProgress, Progress, Result, arms, run_arm, session_totals
+from sim.experiments.stats import group_rows, paired, summary
+from sim.replica.profiles import GIB, Profile
 
 CROSS_SIZES = (8192, 32768, 131072, 262144)
 SESSION_STARTS = (32768, 131072)

@@ -28,12 +28,12 @@ from typing import Any
 
 import uvicorn
 
-from sim.engine_adapter import DEFAULT_BLOCK_SIZE, ModelEngine
-from sim.kv_events import KvEventPublisher
-from sim.model import ReplicaModel
-from sim.pool import SharedPool
-from sim.profiles import Profile
-from sim.server import EmulatedReplica, Faults, create_replica_app
+from sim.emulator.engine import DEFAULT_BLOCK_SIZE, ModelEngine
+from sim.emulator.kv_events import KvEventPublisher
+from sim.emulator.server import EmulatedReplica, Faults, create_replica_app
+from sim.replica.model import ReplicaModel
+from sim.replica.pool import SharedPool
+from sim.replica.profiles import Profile
 
 
 @dataclass

@@ -13,7 +13,7 @@ the same text): session ``i`` of block ``b`` has key ``ab{seed}-b{b}-s{i}``.
 - generated: a first user message of log-uniform length in [``min_start_tokens``,
   ``max_start_tokens``], then ``turns - 1`` turns each appending the reply and
   ``added_tokens`` of new user text (the study's multi-turn sessions);
-- trace (``--trace``, Mooncake format, ``sim.trace``): the trace's conversations (records
+- trace (``--trace``, Mooncake format, ``sim.des.trace``): the trace's conversations (records
   grouped by their first two block ids, kept when they have 2+ requests, in order of first
   arrival) fill the blocks in order; turn ``k`` is the conversation's ``k``-th request, one
   user message synthesised from its ``hash_ids``: each 512-token block id becomes a fixed
@@ -23,7 +23,6 @@ the same text): session ``i`` of block ``b`` has key ``ab{seed}-b{b}-s{i}``.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,16 +31,16 @@ from typing import Any
 import xxhash
 
 from policies.split import parse_policy_ref
-from sim.driver import text_of
-from sim.tokens import BYTES_PER_TOKEN
-from sim.trace import TRACE_BLOCK_TOKENS, TraceRecord, load_trace, session_key
+from sim.des.trace import TRACE_BLOCK_TOKENS, TraceRecord, load_trace, session_key
+from sim.emulator.tokens import BYTES_PER_TOKEN
+from sim.experiments.session import Messages, SessionScript, log_uniform_tokens, text_of
 
 DEPLOYMENT_KEYS = {"pool"}
 _TRACE_SEED = 0x7A3E_0000_0000
 
 
 @dataclass(frozen=True, slots=True)
-class ArmRef:
+class AbArm:
     """One arm: label ``A``/``B``, the spec as written, its policy and the two option sets."""
 
     label: str
@@ -58,7 +57,7 @@ class ArmRef:
         return str(value).lower() in ("on", "true", "1")
 
 
-def parse_arms(text: str) -> list[ArmRef]:
+def parse_arms(text: str) -> list[AbArm]:
     specs = [s.strip() for s in text.split(",") if s.strip()]
     if len(specs) != 2:
         raise ValueError(f"--arms needs exactly two arms, A,B; got {specs}")
@@ -70,12 +69,12 @@ def parse_arms(text: str) -> list[ArmRef]:
             if str(value).lower() not in ("on", "off", "true", "false"):
                 raise ValueError(f"arm {spec!r}: {key} must be on or off")
         options = {k: v for k, v in opts.items() if k not in DEPLOYMENT_KEYS}
-        arms.append(ArmRef(label, spec, policy, options, deployment))
+        arms.append(AbArm(label, spec, policy, options, deployment))
     return arms
 
 
 @dataclass(frozen=True, slots=True)
-class SessionPlan:
+class AbSession:
     """One session: its block, key, and either a generated shape or trace requests."""
 
     block: int
@@ -89,8 +88,6 @@ class SessionPlan:
     def done_key(self) -> str:
         return f"{self.block}/{self.index}"
 
-    def turns(self, limit: int) -> int:
-        return min(limit, len(self.trace)) if self.trace else limit
 
 
 def _key(seed: int, block: int, index: int) -> str:
@@ -98,17 +95,16 @@ def _key(seed: int, block: int, index: int) -> str:
 
 
 def plan_generated(seed: int, blocks: int, sessions: int, min_start: int,
-                   max_start: int) -> list[SessionPlan]:
+                   max_start: int) -> list[AbSession]:
     if not 0 < min_start <= max_start:
         raise ValueError("start tokens: need 0 < min <= max")
     out = []
-    lo, hi = math.log(min_start), math.log(max_start)
     for b in range(blocks):
         for i in range(sessions):
             key = _key(seed, b, i)
             rng = random.Random(key)
-            out.append(SessionPlan(b, i, key, xxhash.xxh3_64_intdigest(key.encode()),
-                                   int(math.exp(rng.uniform(lo, hi)))))
+            out.append(AbSession(b, i, key, xxhash.xxh3_64_intdigest(key.encode()),
+                                   int(log_uniform_tokens(rng, min_start, max_start))))
     return out
 
 
@@ -120,12 +116,12 @@ def trace_conversations(records: Sequence[TraceRecord], min_turns: int = 2
     return [tuple(g) for g in groups.values() if len(g) >= min_turns]
 
 
-def plan_trace(path: str, seed: int, blocks: int, sessions: int) -> list[SessionPlan]:
+def plan_trace(path: str, seed: int, blocks: int, sessions: int) -> list[AbSession]:
     conversations = trace_conversations(load_trace(path))
     need = blocks * sessions
     if len(conversations) < need:
         raise ValueError(f"{path}: {len(conversations)} conversations, {need} needed")
-    return [SessionPlan(b, i, _key(seed, b, i), 0, trace=conversations[b * sessions + i])
+    return [AbSession(b, i, _key(seed, b, i), 0, trace=conversations[b * sessions + i])
             for b in range(blocks) for i in range(sessions)]
 
 
@@ -135,16 +131,22 @@ def trace_prompt(record: TraceRecord) -> str:
     return text[: record.input_length * BYTES_PER_TOKEN]
 
 
-def first_messages(plan: SessionPlan) -> list[dict[str, str]]:
+def script(plan: AbSession, turns: int, added_tokens: int, output_tokens: int) -> SessionScript:
+    """What session ``plan`` sends: generated turns grow the history by the reply and
+    ``added_tokens`` of new text; trace turns are each one synthesised user message, and
+    their reply is the record's ``output_length`` capped at ``output_tokens``."""
     if plan.trace:
-        return [{"role": "user", "content": trace_prompt(plan.trace[0])}]
-    return [{"role": "user", "content": text_of(plan.text_seed, plan.start_tokens)}]
+        records = plan.trace
+        return SessionScript(
+            plan.key, min(turns, len(records)),
+            [{"role": "user", "content": trace_prompt(records[0])}],
+            lambda k, history, reply: [{"role": "user", "content": trace_prompt(records[k])}],
+            lambda k: max(1, min(output_tokens, records[k].output_length)))
 
+    def follow(k: int, history: Messages, reply: str) -> Messages:
+        return [*history, {"role": "assistant", "content": reply},
+                {"role": "user", "content": text_of(plan.text_seed + k, added_tokens)}]
 
-def next_messages(plan: SessionPlan, k: int, history: list[dict[str, str]], reply: str,
-                  added_tokens: int) -> list[dict[str, str]]:
-    """Messages of turn ``k`` (>= 1) after turn ``k - 1`` sent ``history`` and got ``reply``."""
-    if plan.trace:
-        return [{"role": "user", "content": trace_prompt(plan.trace[k])}]
-    return [*history, {"role": "assistant", "content": reply},
-            {"role": "user", "content": text_of(plan.text_seed + k, added_tokens)}]
+    return SessionScript(plan.key, turns,
+                         [{"role": "user", "content": text_of(plan.text_seed, plan.start_tokens)}],
+                         follow, lambda k: output_tokens)

@@ -10,7 +10,7 @@ chain, prompt length and reply length) plus a release rule:
   Poisson arrivals); inside a session each turn arrives ``think_s`` after the previous
   one finished (a user reads the reply, then types).
 - ``OpenLoop(arrivals)``: fixed arrival times, nothing depends on completions (trace replay,
-  ``sim.trace``).
+  ``sim.des.trace``).
 
 Chains: a session's prompt grows turn by turn; its chain is the leading ``prompt // B``
 keys of one key stream (``B`` = chunk tokens), so turn ``k+1`` extends turn ``k``'s chain
@@ -34,7 +34,9 @@ BlockKey = int
 
 
 @dataclass(frozen=True, slots=True)
-class Turn:
+class TurnSpec:
+    """One turn of a session: its prompt chain, prompt length and reply length (tokens)."""
+
     chain: tuple[BlockKey, ...]
     prompt_tokens: int
     output_tokens: int
@@ -45,7 +47,7 @@ class SessionSpec:
     """One session: ``tag`` names what an experiment groups it by; ``measured`` false for warm-up."""
 
     session: str
-    turns: tuple[Turn, ...]
+    turns: tuple[TurnSpec, ...]
     tag: str = ""
     think_s: float = 0.0
     measured: bool = True
@@ -145,14 +147,14 @@ def grow_session(keys: KeyAlloc, session: str, start_tokens: int, added: Sequenc
     for k in range(1, len(outputs)):
         prompts.append(prompts[-1] + outputs[k - 1] + added[k - 1])
     stream = shared + keys.take(max(0, prompts[-1] // chunk - len(shared)))
-    turns = tuple(Turn(stream[: p // chunk], p, o) for p, o in zip(prompts, outputs, strict=True))
+    turns = tuple(TurnSpec(stream[: p // chunk], p, o) for p, o in zip(prompts, outputs, strict=True))
     return SessionSpec(session, turns, tag, think_s)
 
 
 def study_session(keys: KeyAlloc, rng: random.Random, session: str, start_tokens: int, chunk: int,
                   *, added_tokens: int = 2048, output_tokens: int = 8, turns: int = 6,
                   jitter: float = 0.0, tag: str = "") -> SessionSpec:
-    """The study's six-turn session (sim.study): +2,048-token messages, 8-token replies."""
+    """The study's six-turn session (sim.experiments.study): +2,048-token messages, 8-token replies."""
     added = [_jit(rng, added_tokens, jitter) for _ in range(turns - 1)]
     return grow_session(keys, session, start_tokens, added, [output_tokens] * turns, chunk, tag=tag)
 
@@ -164,7 +166,7 @@ def prefix_chain(keys: KeyAlloc, rng: random.Random, session: str, tokens: int, 
     blocks = max(1, round(tokens / chunk))
     doc = keys.take(blocks)
     qs = [_jit(rng, question_tokens, jitter) for _ in range(turns)]
-    return SessionSpec(session, tuple(Turn(doc, blocks * chunk + q, 1) for q in qs), tag)
+    return SessionSpec(session, tuple(TurnSpec(doc, blocks * chunk + q, 1) for q in qs), tag)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,11 +3,14 @@
 What a policy sees is built the way ``router/`` builds it, not read from the models:
 
 - residency: a ``router.index.memory.MemoryIndex`` (the router's embedded index) that is
-  written only when a request completes, as ``router.locator.Locator.served`` does: the
-  chain on the serving replica's GPU, and in the pool when the pool is on (LMCache's
-  write-through). It therefore lags the models (a prefix is usable from the first token
-  but known only after the last), never learns of evictions except by its own LRU bound,
-  and keeps believing in a GPU cache a restart has emptied.
+  written only when a request completes, with the writes ``router.locator.Locator.served``
+  makes (without KV events): the chain on the serving replica's GPU, and in the pool when
+  the pool is on (LMCache's write-through). ``Locator.served`` itself is not called: it
+  schedules the write as an asyncio task and needs the router's metrics, and this loop is
+  synchronous, so ``complete`` makes the same two ``record_now`` calls. The index
+  therefore lags the models (a prefix is usable from the first token but known only after
+  the last), never learns of evictions except by its own LRU bound, and keeps believing
+  in a GPU cache an engine restart has emptied.
 - ``ReplicaView.in_flight``: the simulated router's count of requests it has outstanding;
   ``waiting``/``running``/``kv_usage``: the engine's metrics read from the model at
   decision time (the router scrapes them; scrape staleness is not modelled).
@@ -16,7 +19,7 @@ What a policy sees is built the way ``router/`` builds it, not read from the mod
 ``oracle=True`` swaps the residency source for the models' actual caches (ground truth,
 as of the decision time): an upper bound to report beside the real policy, never a policy
 input in the router. Index capacities equal the model's (GPU blocks per replica, pool
-chunks), as ``router.locator.capacity_from_bytes`` derives them from the same bytes.
+chunks): ``router.locator.capacity_from_bytes`` of the profile's bytes.
 
 Parameters: ``profile``, ``replicas`` (count; ids ``r0``..), ``pool_on``, ``pool_bytes``
 (default: the profile's), ``oracle``.
@@ -25,13 +28,13 @@ Parameters: ``profile``, ``replicas`` (count; ids ``r0``..), ``pool_on``, ``pool
 from __future__ import annotations
 
 from policies.base import ReplicaView, RequestView, Residency, Tier
-from router.index.base import IndexCapacity
 from router.index.memory import MemoryIndex
-from sim.engine import EventLoop
-from sim.model import Plan, ReplicaModel, ReplicaRequest
-from sim.pool import SharedPool
-from sim.profiles import Profile
-from sim.workload import SimRequest
+from router.locator import capacity_from_bytes
+from sim.des.loop import EventLoop
+from sim.des.workload import SimRequest
+from sim.replica.model import ReplicaModel, ReplicaRequest, Timeline
+from sim.replica.pool import SharedPool
+from sim.replica.profiles import Profile
 
 
 class Cluster:
@@ -48,8 +51,8 @@ class Cluster:
         self.ids = [f"r{i}" for i in range(replicas)]
         self.models = {rid: ReplicaModel(rid, profile, self.pool) for rid in self.ids}
         self.oracle = oracle
-        capacity = IndexCapacity(gpu_blocks=profile.gpu_capacity_blocks,
-                                 pool_blocks=self.pool.capacity_chunks)
+        capacity = capacity_from_bytes(profile.gpu_kv_bytes, self.pool.capacity_bytes,
+                                       profile.chunk_tokens, profile.bytes_per_token)
         self.index = MemoryIndex(capacity, clock=self.loop.clock, block_tokens=profile.chunk_tokens)
         self.in_flight = dict.fromkeys(self.ids, 0)
         self._last: dict[str, str] = {}
@@ -85,7 +88,7 @@ class Cluster:
             for rid, m in self.models.items()
         ]
 
-    def dispatch(self, request: SimRequest, replica: str, now: float) -> Plan:
+    def dispatch(self, request: SimRequest, replica: str, now: float) -> Timeline:
         """Send the request to ``replica``: the model plans it; the router counts it."""
         plan = self.models[replica].admit(ReplicaRequest(
             request.chain, request.prompt_tokens, request.output_tokens, now, request.request_id))
@@ -100,7 +103,3 @@ class Cluster:
             self.index.record_now(request.chain, Tier.GPU, replica)
             if self.pool.enabled:
                 self.index.record_now(request.chain, Tier.POOL)
-
-    def restart(self, replica: str) -> None:
-        """An engine restart the router does not notice: the GPU cache empties, the index stays."""
-        self.models[replica].restart()

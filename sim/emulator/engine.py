@@ -1,4 +1,14 @@
-"""The replica model behind the live server: token ids -> engine block hashes -> model plan.
+"""The emulated replica's engines: what the server asks of one, and the replica model behind it.
+
+Protocol. ``Engine.admit(token_ids, max_tokens, now)`` plans one request at model time
+``now`` (seconds, non-decreasing across calls) and returns a ``TokenSchedule``: when its
+first token is due (``ttft_s``, queueing included), the time per output token, how many
+prompt tokens were cached (and how many of them came from the shared pool), and an
+optional callback the server runs when the first token is due (the model engine publishes
+its KV events there). ``ConstantEngine`` answers with fixed times, for API tests;
+``ModelEngine`` runs the replica model (``sim.replica.model``).
+
+ModelEngine: token ids -> engine block hashes -> the model's timeline.
 
 Hashing (the emulated engine's own, not the router's keys and not vLLM's sha256): the
 prompt's token ids are cut into full blocks of ``block_size`` ids and chained,
@@ -18,7 +28,7 @@ change the fitted session numbers, so the pool keeps ``C``. The GPU publishes
 GPU events always come in runs of ``C / block_size`` blocks and describe exactly what
 the model holds. A router recomputes its own keys from the events' ``token_ids``.
 
-Events are published when the request's prefill ends (``Plan.on_first_token``), as vLLM
+Events are published when the request's prefill ends (``TokenSchedule.on_first_token``), as vLLM
 publishes blocks once computed: removals first (the allocation evicted them), then stores,
 each contiguous run of new chunks as one ``BlockStored`` whose ``parent_block_hash``
 links it to the block before it.
@@ -27,17 +37,52 @@ links it to the block before it.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import xxhash
 
-from sim.engine_protocol import Plan
-from sim.gpu_cache import BlockKey
-from sim.kv_events import Event, KvEventPublisher, all_blocks_cleared, block_removed, block_stored
-from sim.model import Plan as ModelPlan
-from sim.model import ReplicaModel, ReplicaRequest
+from sim.emulator.kv_events import Event, KvEventPublisher, block_removed, block_stored
+from sim.replica.gpu_cache import BlockKey
+from sim.replica.model import ReplicaModel, ReplicaRequest, Timeline
 
 DEFAULT_BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSchedule:
+    """When a request's tokens are due, in model seconds from admission."""
+
+    ttft_s: float
+    tpot_s: float
+    cached_tokens: int = 0
+    corrupt: bool = False
+    pool_hit_tokens: int = 0  # part of cached_tokens loaded from the shared pool
+    queue_s: float = 0.0  # part of ttft_s spent waiting for the prefill engine
+    on_first_token: Callable[[], None] | None = None  # e.g. publish KV events
+
+
+class Engine(Protocol):
+    """Plans requests; ``now`` is model time (seconds), non-decreasing across calls."""
+
+    def admit(self, token_ids: list[int], max_tokens: int, now: float) -> TokenSchedule: ...
+
+    def kv_usage(self) -> float: ...
+
+
+@dataclass
+class ConstantEngine:
+    """Fixed TTFT and time per output token: the engine for plain API tests."""
+
+    ttft_s: float = 0.0
+    tpot_s: float = 0.0
+
+    def admit(self, token_ids: list[int], max_tokens: int, now: float) -> TokenSchedule:
+        return TokenSchedule(self.ttft_s, self.tpot_s)
+
+    def kv_usage(self) -> float:
+        return 0.0
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, root: int) -> list[int]:
@@ -53,7 +98,7 @@ def block_hashes(token_ids: Sequence[int], block_size: int, root: int) -> list[i
 
 
 class ModelEngine:
-    """``sim.server.Engine`` over a ``ReplicaModel``; publishes KV events if given a publisher."""
+    """``Engine`` over a ``ReplicaModel``; publishes KV events if given a publisher."""
 
     def __init__(self, model: ReplicaModel, *, model_name: str,
                  block_size: int = DEFAULT_BLOCK_SIZE,
@@ -77,7 +122,7 @@ class ModelEngine:
         hashes = block_hashes(token_ids[:whole], self.block_size, self.root)
         return hashes, hashes[self.per_chunk - 1 :: self.per_chunk]
 
-    def admit(self, token_ids: list[int], max_tokens: int, now: float) -> Plan:
+    def admit(self, token_ids: list[int], max_tokens: int, now: float) -> TokenSchedule:
         hashes, keys = self.chain(token_ids)
         self._seq += 1
         plan = self.model.admit(ReplicaRequest(tuple(keys), max(1, len(token_ids)),
@@ -93,12 +138,12 @@ class ModelEngine:
             if self.publisher is not None:
                 self.publisher.publish(events)
 
-        return Plan(ttft_s=plan.ttft_s, tpot_s=plan.tpot_s, cached_tokens=plan.cached_tokens,
+        return TokenSchedule(ttft_s=plan.ttft_s, tpot_s=plan.tpot_s, cached_tokens=plan.cached_tokens,
                     corrupt=plan.corrupt, pool_hit_tokens=plan.pool_hit_tokens,
                     queue_s=plan.queue_s, on_first_token=publish)
 
     def _events(self, ids: Sequence[int], hashes: list[int], keys: list[BlockKey],
-                plan: ModelPlan, gpu_removed: list[int]) -> list[Event]:
+                plan: Timeline, gpu_removed: list[int]) -> list[Event]:
         if self.publisher is None:
             return []
         chunk = self.model.profile.chunk_tokens
@@ -122,18 +167,8 @@ class ModelEngine:
                                                chunk, medium))
         return events
 
-    def finish(self, token_ids: list[int], now: float) -> None:
-        return None  # the model planned the whole timeline at admission
-
     def kv_usage(self) -> float:
         return self.model.kv_usage()
-
-    def restart(self) -> None:
-        """Empty the GPU cache and queue (an engine restart); announces AllBlocksCleared."""
-        self.model.restart()
-        self._gpu_blocks.clear()
-        if self.publisher is not None:
-            self.publisher.publish([all_blocks_cleared()])
 
 
 def _runs(indices: list[int]) -> list[tuple[int, int]]:

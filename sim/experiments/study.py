@@ -15,7 +15,7 @@ Scenarios (each on fresh replicas, like the study's restart blocks; one request 
   totals over the six turns (a mean per turn could not exceed a cold 128k prefill).
 
 ``compare(profile)`` returns ours vs the study's with the relative error; ``main()`` prints
-it (``python -m sim.study``). The simulator issue scales the same scenarios up.
+it (``python -m sim.experiments.study``). The simulator issue scales the same scenarios up.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sim.model import ReplicaModel, ReplicaRequest
-from sim.profiles import STUDY_27B, Profile
+from sim.replica.model import ReplicaModel, ReplicaRequest
+from sim.replica.profiles import STUDY_27B, Profile
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Reports of a ``Result``: markdown tables, the JSON document, matplotlib PNG plots.
+"""Reports of a simulator ``Result``: markdown tables, the JSON document, matplotlib PNG plots.
 
 - ``markdown(result)``: the comparisons (study) and the rows, one table each; columns are
   the row keys that every row shares plus the TTFT quantiles, floats to 3 decimals.
@@ -10,23 +10,15 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sim.experiment import Result
+from sim.experiments import report
+from sim.experiments.arms import Result
 
 _HIDE = {"ttft_p50_ci", "session_p50_ci"}
 _LEAD = ["policy", "pool", "load", "replicas", "pool_gib", "tokens", "case", "start_tokens", "tag"]
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, list):
-        return "[" + ", ".join(_fmt(x) for x in v) + "]"
-    if isinstance(v, float):
-        return f"{v:.3f}" if abs(v) < 1e5 else f"{v:.3g}"
-    return str(v)
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
@@ -35,9 +27,7 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) 
     if columns is None:
         shared = [k for k in rows[0] if all(k in r for r in rows) and k not in _HIDE]
         columns = [k for k in _LEAD if k in shared] + [k for k in shared if k not in _LEAD]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return report.table(rows, columns)
 
 
 def markdown(result: Result) -> str:
@@ -58,25 +48,17 @@ def markdown(result: Result) -> str:
 
 
 def write_json(result: Result, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(result.to_json(), indent=1) + "\n", encoding="utf-8")
+    report.write_json(result.to_json(), path)
 
 
 def plot(result: Result, path: str | Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    if result.scenario in ("load", "pool-pressure"):
-        _lines(ax, result)
-    else:
-        _bars(ax, result)
-    ax.set_title(f"lmroute sim {result.scenario}")
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with report.figure(path) as (_, ax):
+        if result.scenario in ("load", "pool-pressure"):
+            _lines(ax, result)
+        else:
+            _bars(ax, result)
+        ax.set_title(f"lmroute sim {result.scenario}")
+        ax.grid(True, alpha=0.3)
 
 
 def _lines(ax: Any, result: Result) -> None:

@@ -10,7 +10,7 @@ Designs (``design``):
   ``ab{seed}``), so every session is assigned to an arm at random by its key and the two
   arms run side by side; each turn's arm is read from the ``x-lmroute-arm`` header.
 
-In each block ``sessions_per_block`` sessions (``sim.ab_workload``) run through the
+In each block ``sessions_per_block`` sessions (``sim.experiments.ab_sessions``) run through the
 router, ``concurrency`` at a time (default 1: one at a time, arms never interfere), every
 turn streamed and timed by ``sim.driver.chat_turn``; a failed turn is recorded with its
 error and ends its session. Times are model seconds (wall / ``time_scale``; 1 for a real
@@ -18,7 +18,8 @@ error and ends its session. Times are model seconds (wall / ``time_scale``; 1 fo
 
 Emulated (``emulated=True``): two replicas of ``profile`` (default the study's
 ``study-27b``) sharing one pool (``pool``, or the arm's setting), and the router, all on
-127.0.0.1 in this event loop (``sim.deployment.LoopServers``), as ``lmroute demo`` does.
+127.0.0.1 in this event loop (``sim.emulator.deployment.emulated_deployment``), as
+``lmroute demo`` does.
 
 Resume: the JSON document is rewritten after every finished session (``turns`` and ``done``,
 the sessions finished); ``run_ab(..., resume=doc)`` skips the finished ones and reruns a
@@ -37,17 +38,9 @@ from typing import Any
 
 import httpx
 
-from sim.ab_stats import abba_order
-from sim.ab_workload import (
-    ArmRef,
-    SessionPlan,
-    first_messages,
-    next_messages,
-    parse_arms,
-    plan_generated,
-    plan_trace,
-)
-from sim.driver import MODEL, chat_turn
+from sim.experiments.ab_sessions import AbArm, AbSession, parse_arms, plan_generated, plan_trace, script
+from sim.experiments.ab_stats import abba_order
+from sim.experiments.session import MODEL, TurnResult, run_session
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +64,7 @@ class AbConfig:
     model: str = MODEL
     seed: int = 0
 
-    def validate(self) -> list[ArmRef]:
+    def validate(self) -> list[AbArm]:
         arms = parse_arms(self.arms)
         if self.design not in ("abba", "interleaved"):
             raise ValueError("--design must be abba or interleaved")
@@ -120,7 +113,7 @@ class Admin:
         return out
 
 
-def split_options(arms: list[ArmRef], seed: int) -> dict[str, Any]:
+def split_options(arms: list[AbArm], seed: int) -> dict[str, Any]:
     return {"salt": f"ab{seed}", "arms": [
         {"name": a.label, "policy": a.policy, "weight": 50, "options": a.options} for a in arms]}
 
@@ -129,10 +122,10 @@ def split_options(arms: list[ArmRef], seed: int) -> dict[str, Any]:
 async def emulated(cfg: AbConfig, pool_on: bool, policy: str, admin_key: str
                    ) -> AsyncIterator[str]:
     """Two replicas sharing a pool (or none) and the router; yields the router's URL."""
-    from sim.deployment import emulated_deployment
-    from sim.profiles import get_profile
+    from sim.emulator.deployment import emulated_deployment
+    from sim.replica.profiles import load_profile
 
-    async with emulated_deployment(get_profile(cfg.profile), policy=policy, pool_on=pool_on,
+    async with emulated_deployment(load_profile(cfg.profile), policy=policy, pool_on=pool_on,
                                    model=cfg.model, time_scale=cfg.time_scale,
                                    admin_key=admin_key) as deployment:
         yield deployment.router_url
@@ -149,39 +142,20 @@ class Runner:
         self.scale = cfg.time_scale if cfg.emulated else 1.0
         self.done = set(doc["done"])
 
-    def plans(self) -> list[SessionPlan]:
+    def plans(self) -> list[AbSession]:
         c = self.cfg
         if c.trace:
             return plan_trace(c.trace, c.seed, c.blocks, c.sessions_per_block)
         return plan_generated(c.seed, c.blocks, c.sessions_per_block, c.min_start_tokens,
                               c.max_start_tokens)
 
-    async def session(self, client: httpx.AsyncClient, url: str, plan: SessionPlan,
+    async def session(self, client: httpx.AsyncClient, url: str, plan: AbSession,
                       arm: str | None) -> None:
-        rows: list[dict[str, Any]] = []
-        messages, reply = first_messages(plan), ""
-        for k in range(plan.turns(self.cfg.turns)):
-            if k:
-                messages = next_messages(plan, k, messages, reply, self.cfg.added_tokens)
-            out_tokens = self.cfg.output_tokens
-            if plan.trace:
-                out_tokens = max(1, min(out_tokens, plan.trace[k].output_length))
-            row: dict[str, Any] = {"block": plan.block, "session": plan.key, "turn": k}
-            try:
-                turn, reply = await chat_turn(client, url, plan.key, messages,
-                                              output_tokens=out_tokens, time_scale=self.scale,
-                                              model=self.cfg.model)
-            except (httpx.HTTPError, RuntimeError) as exc:
-                rows.append(row | {"arm": arm or "?", "ttft_s": None, "total_s": None,
-                                   "error": str(exc) or type(exc).__name__})
-                self.on_turn()
-                break
-            rows.append(row | {"arm": arm or turn.arm or "?", "ttft_s": turn.ttft_s,
-                               "total_s": turn.total_s, "error": None,
-                               "replica": turn.replica, "reason": turn.reason,
-                               "prompt_tokens": turn.prompt_tokens,
-                               "cached_tokens": turn.cached_tokens})
-            self.on_turn()
+        c = self.cfg
+        turns = await run_session(client, url, script(plan, c.turns, c.added_tokens,
+                                                      c.output_tokens),
+                                  time_scale=self.scale, model=c.model, on_turn=self.on_turn)
+        rows = [self._row(plan, t, arm) for t in turns]
         if arm is None:  # interleaved: a session whose first turn failed takes its later arm
             seen = {r["arm"] for r in rows if r["arm"] != "?"}
             for r in rows:
@@ -190,11 +164,22 @@ class Runner:
         self.doc["done"].append(plan.done_key)
         self.save(self.doc)
 
-    async def block(self, client: httpx.AsyncClient, url: str, plans: list[SessionPlan],
+    @staticmethod
+    def _row(plan: AbSession, t: TurnResult, arm: str | None) -> dict[str, Any]:
+        row: dict[str, Any] = {"block": plan.block, "session": plan.key, "turn": t.turn}
+        if t.timing is None:
+            return row | {"arm": arm or "?", "ttft_s": None, "total_s": None, "error": t.error}
+        turn = t.timing
+        return row | {"arm": arm or turn.arm or "?", "ttft_s": turn.ttft_s,
+                      "total_s": turn.total_s, "error": None, "replica": turn.replica,
+                      "reason": turn.reason, "prompt_tokens": turn.prompt_tokens,
+                      "cached_tokens": turn.cached_tokens}
+
+    async def block(self, client: httpx.AsyncClient, url: str, plans: list[AbSession],
                     arm: str | None) -> None:
         gate = asyncio.Semaphore(self.cfg.concurrency)
 
-        async def one(plan: SessionPlan) -> None:
+        async def one(plan: AbSession) -> None:
             async with gate:
                 await self.session(client, url, plan, arm)
 
@@ -203,7 +188,7 @@ class Runner:
     async def run(self) -> None:
         cfg, arms = self.cfg, {a.label: a for a in self.arms}
         plans = [p for p in self.plans() if p.done_key not in self.done]
-        by_block: dict[int, list[SessionPlan]] = {}
+        by_block: dict[int, list[AbSession]] = {}
         for p in plans:
             by_block.setdefault(p.block, []).append(p)
         order = abba_order(cfg.blocks) if cfg.design == "abba" else [""] * cfg.blocks

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.workload import OpenLoop, SimRequest
+from sim.des.workload import OpenLoop, SimRequest
 
 TRACE_BLOCK_TOKENS = 512
 TRACE_KEY_BASE = 1 << 48

@@ -1,6 +1,6 @@
 """The shared LMCache KV pool: one LRU of chunks, shared by every replica model.
 
-Algorithm: a ``BlockLRU`` (see ``sim.gpu_cache``) over chunk keys, the same chained block
+Algorithm: a ``BlockLRU`` (see ``sim.replica.gpu_cache``) over chunk keys, the same chained block
 hashes the replicas' GPU caches use, with the capacity given in bytes and turned into
 chunks as ``capacity_bytes // chunk_bytes`` where
 ``chunk_bytes = chunk_tokens * bytes_per_token``. LMCache stores whole chunks only and
@@ -11,7 +11,7 @@ Parameters:
 - ``chunk_tokens``: tokens per chunk (the study: 1,568).
 - ``bytes_per_token``: KV bytes one token takes (the study's FP8 KV: 32 KiB).
 - ``enabled``: the study's ON/OFF switch. Off, the pool holds nothing new and answers
-  every lookup with 0; turning it off does not clear it (``clear()`` is a restart).
+  every lookup with 0; turning it off does not empty it (``clear()`` does: a restart).
 - ``corrupt``: fault flag for the study's bug class (a raw-pointer copy that ignored the
   current CUDA stream corrupted loaded bytes): while set, every load from the pool is
   reported as corrupt, and the live replica makes such replies differ.
@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from sim.gpu_cache import NO_CHANGE, BlockKey, BlockLRU, CacheChange
+from sim.replica.gpu_cache import NO_CHANGE, BlockKey, BlockLRU, CacheChange
 
 
 class SharedPool:

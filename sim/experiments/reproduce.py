@@ -27,13 +27,13 @@ import numpy as np
 
 from policies.base import Policy
 from policies.registry import create
-from sim.cluster import Cluster
-from sim.experiment import NoProgress, Progress, Result, session_totals
-from sim.profiles import Profile
-from sim.simulation import Record, Run
-from sim.stats import group_rows, paired
-from sim.study import STUDY_CROSS, STUDY_SESSIONS
-from sim.workload import KeyAlloc, SessionSpec, SessionWorkload, prefix_chain, study_session
+from sim.des.cluster import Cluster
+from sim.des.simulation import Record, Run
+from sim.des.workload import KeyAlloc, SessionSpec, SessionWorkload, prefix_chain, study_session
+from sim.experiments.arms import NoProgress, Progress, Result, session_totals
+from sim.experiments.stats import group_rows, paired
+from sim.experiments.study import STUDY_CROSS, STUDY_SESSIONS
+from sim.replica.profiles import Profile
 
 BLOCKS = (False, True, True, False)  # OFF-ON-ON-OFF
 

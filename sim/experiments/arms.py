@@ -1,6 +1,6 @@
 """Experiment plumbing: arms (policy x pool x residency source), runs, results, progress.
 
-An ``Arm`` is one policy name, the pool on or off, and the residency source: the router's
+A ``SimArm`` is one policy name, the pool on or off, and the residency source: the router's
 index (the real thing) or, with ``oracle``, the models' caches (an upper bound, labelled
 ``NAME+oracle``). Every arm of a comparison replays the same workload: the workload
 factory is called with a fresh ``random.Random(seed)`` per arm (common random numbers), so
@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from policies.registry import create, names
-from sim.cluster import Cluster
-from sim.profiles import Profile
-from sim.simulation import Record, Run
-from sim.workload import Workload
+from sim.des.cluster import Cluster
+from sim.des.simulation import Record, Run
+from sim.des.workload import Workload
+from sim.replica.profiles import Profile
 
 ORACLE_SUFFIX = "+oracle"
 
 
 @dataclass(frozen=True, slots=True)
-class Arm:
+class SimArm:
     policy: str
     pool_on: bool
     oracle: bool = False
@@ -52,12 +52,12 @@ def parse_policy(name: str) -> tuple[str, bool]:
 
 
 def arms(policies: Sequence[str] | None, pools: Iterable[bool] = (False, True),
-         oracle: bool = False) -> list[Arm]:
+         oracle: bool = False) -> list[SimArm]:
     """Every policy (default: all registered) under every pool setting; ``oracle`` adds twins."""
     chosen = [parse_policy(p) for p in (policies or names())]
     if oracle:
         chosen += [(p, True) for p, o in chosen if not o]
-    return [Arm(p, pool, o) for pool in pools for p, o in chosen]
+    return [SimArm(p, pool, o) for pool in pools for p, o in chosen]
 
 
 class Progress(Protocol):
@@ -91,18 +91,18 @@ class Result:
 
 
 @dataclass(frozen=True, slots=True)
-class ArmRun:
-    """Records of one arm and what it cost to simulate (process CPU seconds: no wall clock)."""
+class ArmRecords:
+    """Records of one ``SimArm`` and what it cost to simulate (process CPU seconds: no wall clock)."""
 
-    arm: Arm
+    arm: SimArm
     records: list[Record]
     events: int
     cpu_s: float
 
 
-def run_arm(profile: Profile, replicas: int, arm: Arm,
+def run_arm(profile: Profile, replicas: int, arm: SimArm,
             workload: Callable[[random.Random], Workload], seed: int,
-            pool_bytes: int | None = None) -> ArmRun:
+            pool_bytes: int | None = None) -> ArmRecords:
     """A fresh cluster and policy; the workload built from ``random.Random(seed)``."""
     cluster = Cluster(profile, replicas, pool_on=arm.pool_on, pool_bytes=pool_bytes,
                       oracle=arm.oracle)
@@ -110,7 +110,7 @@ def run_arm(profile: Profile, replicas: int, arm: Arm,
     # CPU time of this process: a measure of the simulator's own cost, not an input to it.
     t0 = time.process_time()
     records = Run(cluster, create(arm.policy), load, arm.label).execute()
-    return ArmRun(arm, records, cluster.loop.handled, time.process_time() - t0)
+    return ArmRecords(arm, records, cluster.loop.handled, time.process_time() - t0)
 
 
 def session_totals(records: Iterable[Record]) -> dict[str, float]:

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.gpu_cache import NO_CHANGE, BlockKey, CacheChange, GpuPrefixCache
-from sim.pool import SharedPool
-from sim.profiles import Profile
+from sim.replica.gpu_cache import NO_CHANGE, BlockKey, CacheChange, GpuPrefixCache
+from sim.replica.pool import SharedPool
+from sim.replica.profiles import Profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ class ReplicaRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class Timeline:
     """The timeline of one admitted request and the cache changes it made.
 
     Absolute times (``start``, ``first_token_at``, ``finish_at``) are on the caller's
@@ -113,9 +113,9 @@ class ReplicaModel:
         self.gpu = GpuPrefixCache(profile.gpu_capacity_blocks)
         self.prefill_free_at = 0.0  # when the prefill engine takes the next prompt
         self._last_arrival = float("-inf")
-        self._active: list[Plan] = []  # admitted, not yet finished (as of the last arrival)
+        self._active: list[Timeline] = []  # admitted, unfinished as of the last arrival
 
-    def admit(self, request: ReplicaRequest) -> Plan:
+    def admit(self, request: ReplicaRequest) -> Timeline:
         """Plan ``request`` (see the module docstring) and commit its cache changes."""
         prof = self.profile
         now = request.arrival
@@ -158,7 +158,7 @@ class ReplicaModel:
         )
         tpot = prof.tpot(own + others)
         decode_s = (request.output_tokens - 1) * tpot
-        plan = Plan(
+        plan = Timeline(
             request_id=request.request_id,
             replica=self.replica,
             arrival=now,
@@ -183,7 +183,7 @@ class ReplicaModel:
         self._active.append(plan)
         return plan
 
-    def _active_at(self, t: float) -> list[Plan]:
+    def _active_at(self, t: float) -> list[Timeline]:
         return [p for p in self._active if p.first_token_at <= t < p.finish_at]
 
     def waiting(self, now: float) -> int:
@@ -204,4 +204,3 @@ class ReplicaModel:
         self.prefill_free_at = 0.0
         self._last_arrival = float("-inf")
         return self.gpu.clear()
-

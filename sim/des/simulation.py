@@ -22,9 +22,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from policies.base import Decision, Outcome, Policy, RequestView
-from sim.cluster import Cluster
-from sim.model import Plan
-from sim.workload import SimRequest, Workload
+from sim.des.cluster import Cluster
+from sim.des.workload import SimRequest, Workload
+from sim.replica.model import Timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,7 @@ class FirstToken:
     __slots__ = ("decision", "plan", "run", "time", "view")
 
     def __init__(self, time: float, run: Run, view: RequestView, decision: Decision,
-                 plan: Plan) -> None:
+                 plan: Timeline) -> None:
         self.time = time
         self.run = run
         self.view = view
@@ -110,7 +110,7 @@ class Completion:
     __slots__ = ("decision", "plan", "request", "run", "time", "view")
 
     def __init__(self, time: float, run: Run, request: SimRequest, view: RequestView,
-                 decision: Decision, plan: Plan) -> None:
+                 decision: Decision, plan: Timeline) -> None:
         self.time = time
         self.run = run
         self.request = request

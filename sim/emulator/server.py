@@ -9,9 +9,9 @@ Timing comes from an ``Engine``: for each request it returns when the first toke
 and the time per output token; the server sleeps those durations (model seconds x
 ``time_scale``) before sending. The engine's clock is model time,
 ``(clock() - start) / time_scale``, so a model planning a whole timeline at admission
-(``sim.engine_adapter.ModelEngine``) sees the same ordering as wall time. Engines:
+(``sim.emulator.engine.ModelEngine``) sees the same ordering as wall time. Engines:
 ``ConstantEngine`` (fixed TTFT/TPOT, API tests) and ``ModelEngine`` (the replica model).
-Replies are deterministic (``sim.tokens``): two replicas answer one prompt alike.
+Replies are deterministic (``sim.emulator.tokens``): two replicas answer one prompt alike.
 
 Faults (POST /_emulator/faults, JSON, all optional; ``{}`` clears them):
 ``http_status`` answers every completion with that status; ``health_status`` makes
@@ -35,12 +35,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from sim.engine_protocol import ConstantEngine, Engine, Plan
-from sim.replica_metrics import ReplicaMetrics
-from sim.tokens import prompt_token_ids, reply_words, tokenize_text
+from sim.emulator.engine import ConstantEngine, Engine, TokenSchedule
+from sim.emulator.metrics import ReplicaMetrics
+from sim.emulator.tokens import prompt_token_ids, reply_words, tokenize_text
 
 Clock = Callable[[], float]
-__all__ = ["ConstantEngine", "EmulatedReplica", "Engine", "Faults", "Plan", "create_replica_app"]
+__all__ = ["ConstantEngine", "EmulatedReplica", "Engine", "Faults", "TokenSchedule",
+           "create_replica_app"]
 
 
 @dataclass
@@ -155,7 +156,7 @@ class EmulatedReplica:
             "choices": [choice], "usage": _usage(len(ids), len(words), plan.cached_tokens),
         }), media_type="application/json")
 
-    async def _prefill(self, ids: list[int], max_tokens: int) -> Plan:
+    async def _prefill(self, ids: list[int], max_tokens: int) -> TokenSchedule:
         """Admit, count, and sleep until the first token (waiting, then running)."""
         m = self.metrics
         plan = self.engine.admit(ids, max_tokens, self.model_now())
@@ -190,12 +191,11 @@ class EmulatedReplica:
             self._lbl(self.metrics.running).dec()
             self._lbl(self.metrics.generation_tokens).inc(n_out)
             self.metrics.requests.labels(**self._labels, finished_reason="length").inc()
-            self.engine.finish(ids, self.clock())
             self._lbl(self.metrics.kv_usage).set(self.engine.kv_usage())
 
         return done
 
-    async def _chunks(self, endpoint: str, rid: str, words: list[str], plan: Plan,
+    async def _chunks(self, endpoint: str, rid: str, words: list[str], plan: TokenSchedule,
                       usage: dict[str, Any] | None, done: Callable[[], None]
                       ) -> AsyncIterator[bytes]:
         created = self._created()

@@ -101,6 +101,7 @@ class BlockLRU:
         return keys
 
 
+
 class GpuPrefixCache:
     """One replica's GPU prefix cache: an LRU of ``capacity_blocks`` blocks."""
 
