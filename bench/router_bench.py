@@ -2,7 +2,7 @@
 
 The same set-up as ``upstream_clients.py`` (whose helpers it reuses): the fast raw-asyncio
 fake backend (``fake_backend.py``) pinned to core 1, the router under test pinned to core 0
-(one core, as REFERENCE.md's peer-router figures), wrk on core 1 (core 0 for the direct
+(one core, as the peer routers' published figures), wrk on core 1 (core 0 for the direct
 run). For each target: ``wrk -t2 -c64`` for max req/s and ``wrk -t1 -c1`` for latency at
 low load, non-streamed and streamed (16-token replies). The router runs each policy given
 with ``--policies``; its full request path runs (parse, prefix hashing, index lookup and

@@ -1,6 +1,6 @@
 """vLLM-format KV-cache events from an emulated replica, published over ZMQ.
 
-Wire format (vLLM's ``ZmqEventPublisher``, REFERENCE.md "KV events"):
+Wire format (vLLM's ``ZmqEventPublisher``, ``vllm/distributed/kv_events.py``):
 
 - a PUB socket *bound* at the endpoint (``tcp://127.0.0.1:5557``); subscribers connect and
   filter on the topic (default ``kv-events``);

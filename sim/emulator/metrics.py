@@ -1,4 +1,5 @@
-"""The emulated replica's Prometheus metrics, under vLLM's names (REFERENCE.md).
+"""The emulated replica's Prometheus metrics, under vLLM's names
+(vLLM's ``vllm/v1/metrics/loggers.py``).
 
 Labels ``model_name`` and ``engine`` as vLLM sets them. Counters are declared without the
 ``_total`` suffix, which prometheus_client appends, so the exposition carries e.g.

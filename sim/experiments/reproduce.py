@@ -1,6 +1,6 @@
 """The study's design by simulation: OFF-ON-ON-OFF restart blocks, paired statistics.
 
-Design (DESIGN.md: 4 restart blocks x 192 measured requests = 768): each block starts
+Design (the study's: 4 restart blocks x 192 measured requests = 768): each block starts
 fresh (new replica models, pool, router index and policy objects: a restart) with the pool
 off, on, on, off. On 2 replicas a block runs, one request at a time, ``rounds`` (24)
 rounds; each round asks a 128k and a 256k document twice under ``alternating`` (the

