@@ -119,12 +119,7 @@ class ReplicaModel:
         """Plan ``request`` (see the module docstring) and commit its cache changes."""
         prof = self.profile
         now = request.arrival
-        if now < self._last_arrival:
-            raise ValueError(f"arrival {now} before the previous one {self._last_arrival}")
-        if request.output_tokens < 1 or request.prompt_tokens < 1:
-            raise ValueError("prompt_tokens and output_tokens must be at least 1")
-        if len(request.chain) * prof.chunk_tokens > request.prompt_tokens:
-            raise ValueError("chain has more full blocks than the prompt has tokens")
+        self._check(request)
         self._last_arrival = now
         self._active = [p for p in self._active if p.finish_at > now]
 
@@ -151,12 +146,7 @@ class ReplicaModel:
         gpu_change = self.gpu.insert(chain, ready_at=first_token_at)
         pool_change = pool.store(chain, ready_at=first_token_at) if pool is not None else NO_CHANGE
 
-        # KV read per decode step: this sequence at mid-reply plus the others decoding then.
-        own = request.prompt_tokens + request.output_tokens / 2
-        others = sum(
-            p.prompt_tokens + p.output_tokens / 2 for p in self._active_at(first_token_at)
-        )
-        tpot = prof.tpot(own + others)
+        tpot = self._tpot(request, first_token_at)
         decode_s = (request.output_tokens - 1) * tpot
         plan = Timeline(
             request_id=request.request_id,
@@ -182,6 +172,24 @@ class ReplicaModel:
         )
         self._active.append(plan)
         return plan
+
+    def _check(self, request: ReplicaRequest) -> None:
+        if request.arrival < self._last_arrival:
+            raise ValueError(f"arrival {request.arrival} before the previous one "
+                             f"{self._last_arrival}")
+        if request.output_tokens < 1 or request.prompt_tokens < 1:
+            raise ValueError("prompt_tokens and output_tokens must be at least 1")
+        if len(request.chain) * self.profile.chunk_tokens > request.prompt_tokens:
+            raise ValueError("chain has more full blocks than the prompt has tokens")
+
+    def _tpot(self, request: ReplicaRequest, first_token_at: float) -> float:
+        """Decode step time: the KV read per step is this sequence at mid-reply plus the
+        others decoding at its first token."""
+        own = request.prompt_tokens + request.output_tokens / 2
+        others = sum(
+            p.prompt_tokens + p.output_tokens / 2 for p in self._active_at(first_token_at)
+        )
+        return self.profile.tpot(own + others)
 
     def _active_at(self, t: float) -> list[Timeline]:
         return [p for p in self._active if p.first_token_at <= t < p.finish_at]
