@@ -1,1 +1,4 @@
-"""placeholder"""
+"""The discrete-event simulator: event loop, cluster, workloads, traces.
+
+Imports sim.replica only (never sim.emulator).
+"""

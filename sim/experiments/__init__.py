@@ -1,1 +1,4 @@
-"""placeholder"""
+"""Experiments: study reproduction, scenarios, demo, live load, A/B, and their reports.
+
+Imports sim.des, sim.emulator and sim.replica.
+"""
