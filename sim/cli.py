@@ -285,7 +285,8 @@ def _add_sim(sub: Any) -> None:
     p = sub.add_parser(
         "sim", help="discrete-event simulation of policies on replica models (the study and beyond)")
     p.add_argument("scenario", choices=SCENARIOS)
-    p.add_argument("file", nargs="?", default=None, help="trace: a Mooncake-format JSONL file")
+    p.add_argument("file", nargs="?", default=None,
+                   help="trace: a Mooncake-format JSONL file (.gz too), or mooncake (shipped)")
     p.add_argument("--replicas", type=int, default=None,
                    help="replicas (load, pool-pressure: 4; trace: 8; study scenarios: 2)")
     p.add_argument("--policy", action="append", default=None,
@@ -380,7 +381,8 @@ def _add_ab(sub: Any) -> None:
     p.add_argument("--profile", default=d.profile, help="emulated " + PROFILE_HELP)
     p.add_argument("--time-scale", type=float, default=d.time_scale,
                    help="emulated: wall seconds per model second")
-    p.add_argument("--trace", default="", help="Mooncake-format JSONL trace to replay")
+    p.add_argument("--trace", default="",
+                   help="Mooncake-format JSONL trace to replay (a path, or mooncake: shipped)")
     p.add_argument("--model", default=d.model, help="model name sent in requests")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--admin-key", default=os.environ.get("LMROUTE_ADMIN_KEY", ""),

@@ -22,15 +22,19 @@ hash (system prompt + first user message). ``time_scale`` divides inter-arrival 
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from sim.des.workload import OpenLoop, SimRequest
 
 TRACE_BLOCK_TOKENS = 512
 TRACE_KEY_BASE = 1 << 48
+# Traces shipped with the package (sim/des/traces/README.md says where each comes from).
+BUILTIN_TRACES = {"mooncake": "mooncake_conversation.jsonl.gz"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +66,19 @@ def parse_lines(lines: Iterable[str]) -> list[TraceRecord]:
     return out
 
 
-def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRecord]:
-    with open(path, encoding="utf-8") as fh:
+def trace_path(name_or_path: str | Path) -> Path:
+    """A shipped trace's file by name (``mooncake``), else the path as given."""
+    name = str(name_or_path)
+    if name in BUILTIN_TRACES:
+        return Path(str(resources.files("sim.des") / "traces" / BUILTIN_TRACES[name]))
+    return Path(name_or_path)
+
+
+def load_trace(name_or_path: str | Path, limit: int | None = None) -> list[TraceRecord]:
+    """Records of a shipped trace (by name) or of a JSONL file, gzip-compressed if ``.gz``."""
+    path = trace_path(name_or_path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
         records = parse_lines(fh)
     return records[:limit] if limit is not None else records
 

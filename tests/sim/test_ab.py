@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +13,6 @@ import pytest
 from sim.des.trace import TRACE_BLOCK_TOKENS, TraceRecord
 from sim.experiments.ab_sessions import parse_arms, plan_generated, trace_conversations, trace_prompt
 from sim.experiments.ab_stats import abba_order, analyze, check_coverage, difference, synthetic_turns
-
-# The Mooncake conversation trace (kvcache-ai/Mooncake, FAST'25 release); tests using it skip
-# unless LMROUTE_MOONCAKE_TRACE names a local copy.
-TRACE = Path(os.environ.get("LMROUTE_MOONCAKE_TRACE", "/nonexistent/conversation_trace.jsonl"))
 
 
 def test_abba_order() -> None:
@@ -103,9 +98,7 @@ def test_emulated_run_end_to_end_and_resume(tmp_path: Path, use_trace: bool) -> 
             "--min-start-tokens", "4096", "--max-start-tokens", "8192", "--seed", "5",
             "--json", str(out), "--plot", str(png)]
     if use_trace:
-        if not TRACE.exists():
-            pytest.skip("no trace")
-        args += ["--trace", str(TRACE)]
+        args += ["--trace", "mooncake"]
     done = _lmroute(*args)
     assert done.returncode == 0, done.stderr
     assert "Verdict:" in done.stdout and "| A | fixed |" in done.stdout

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import random
-from pathlib import Path
 
 import pytest
 
@@ -15,13 +13,13 @@ from sim.des.trace import (
     load_trace,
     parse_lines,
     session_key,
+    trace_path,
     trace_workload,
 )
 from sim.des.workload import KeyAlloc, SessionMix, poisson_sessions, prefix_chain, study_session
 
-# The Mooncake conversation trace (kvcache-ai/Mooncake, FAST'25 release); tests using it skip
-# unless LMROUTE_MOONCAKE_TRACE names a local copy.
-TRACE = Path(os.environ.get("LMROUTE_MOONCAKE_TRACE", "/nonexistent/conversation_trace.jsonl"))
+# The Mooncake conversation trace (kvcache-ai/Mooncake, FAST'25 release).
+TRACE = trace_path("mooncake")  # shipped with the package
 
 
 def _sessions(seed: int) -> list[tuple[float, int, tuple[int, ...]]]:
@@ -92,7 +90,6 @@ def test_parse_lines_reads_records_and_rejects_bad_ones() -> None:
     assert t == 1.0 and req.output_tokens == 1 and req.chain == (TRACE_KEY_BASE + 0,)
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
 def test_the_conversation_trace_parses_whole() -> None:
     records = load_trace(TRACE)
     assert len(records) == 12031
