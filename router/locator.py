@@ -11,13 +11,15 @@ forwarder:
 - ``residency(chain)``: ONE index lookup, timed and counted by tier. The index never
   fails a request: ``ResilientIndex`` falls back to memory, and any ``IndexUnavailable``
   left over reads as "nothing cached anywhere".
-- ``served(chain, replica)``: after a successful reply the serving replica's GPU now
+- ``served(session, chain, replica)``: after a successful reply the serving replica's GPU now
   holds the prefix (unless ``precise(replica)``: that replica's KV events are flowing and
   are the truth about its GPU, a guess would only add false hits), and with
   ``pool_write_through`` (LMCache's default store-on-prefill) so does the shared pool.
   Recorded in a background task: the client never waits on it.
 - ``last_replica(session)``: the replica that last served a session (bounded LRU), which
   policies use to keep sessions in place (hysteresis).
+- ``replica_health_changed(replica, healthy)``: an ejected replica's GPU entries are
+  forgotten (it is assumed restarted when it comes back).
 
 Capacity (``capacity_from_bytes``): blocks = bytes / (tokens per block x KV bytes per
 token); the study's model has 32 KiB of FP8 KV per token.
