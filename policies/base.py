@@ -13,13 +13,19 @@ and randomness is injected at construction.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from policies.options import OptionError, config_from_options
+
 ReplicaId = str
 SessionKey = str
+
+# Tokens per prefix block (LMCache's chunk): the one default for the router's token-mode
+# blocks, its index and ``Residency`` (the router imports it from here).
+DEFAULT_BLOCK_TOKENS = 256
 
 
 class Tier(StrEnum):
@@ -41,7 +47,7 @@ class Residency:
     """
 
     chain_blocks: int = 0
-    block_tokens: int = 256
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
     gpu: Mapping[ReplicaId, int] = field(default_factory=dict)
     pool: int = 0
 
@@ -58,9 +64,9 @@ class RequestView:
 
     ``session`` is the session key (X-Session-ID header, else the body's ``user``, else a
     hash of the system prompt and first user message). ``prompt_tokens`` is an estimate
-    (text length / 4 in text mode, exact in token mode). ``now`` is the caller's clock in
-    seconds, so policies never read one. ``exclude`` names replicas already tried for
-    this request (failover): a policy must not pick them.
+    (the router: the prompt's text length / 4, in token mode too; the simulator: exact).
+    ``now`` is the caller's clock in seconds, so policies never read one. ``exclude``
+    names replicas already tried for this request (failover): a policy must not pick them.
     """
 
     request_id: str
@@ -152,10 +158,35 @@ class Policy(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
+PolicyFactory = Callable[[str, Mapping[str, Any] | None], Policy]
+
+
 class BasePolicy:
-    """No-op hooks and the candidate filter shared by every policy."""
+    """No-op hooks, the candidate filter and option handling shared by every policy.
+
+    ``config_cls``: the policy's typed config (a dataclass whose fields are its options),
+    passed to the constructor; ``None``: the policy takes no options. ``needs_options``:
+    the policy cannot run without options (``split``), so sweeps over ``names()`` skip it.
+    """
 
     name: ClassVar[str] = "base"
+    config_cls: ClassVar[type[Any] | None] = None
+    needs_options: ClassVar[bool] = False
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], create: PolicyFactory) -> Policy:
+        """A fresh policy from registry options (``create`` builds nested policies).
+
+        Raises ``ValueError`` (``OptionError`` for unknown or uncoercible options)."""
+        factory: Callable[..., Policy] = cls
+        if cls.config_cls is None:
+            if options:
+                raise OptionError(f"takes no options (got {sorted(options)})")
+            return factory()
+        return factory(config_from_options(cls.config_cls, options))
+
+    def choose(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision:
+        raise NotImplementedError
 
     def dispatched(self, request: RequestView, decision: Decision) -> None:
         return None

@@ -15,25 +15,54 @@
   until observations arrive; they absorb a different GPU, model, or an emulator's time
   scale without touching the prior.
 
-The prior ``STUDY_PRIOR`` is the fit of docs/model.md (27B hybrid model, FP8 KV, 32 KiB per
-token, H200): cold 128k prefill 31.7 s, pool hit 0.605 s. Pure arithmetic, no I/O.
+The prior is the policy's belief, read from a prior file (``load_prior``: the keys of a
+simulator profile, of which only the timing fields are read). ``STUDY_PRIOR`` comes from
+the built-in ``policies/priors/study-27b.toml``, the fit of docs/model.md (27B hybrid
+model, FP8 KV, 32 KiB per token, H200): cold 128k prefill 31.7 s, pool hit 0.605 s;
+``--policy locality@prior=PATH`` picks another. Apart from reading that file once, the
+model is pure arithmetic, no I/O.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import tomllib
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The keys of a prior file: those of a simulator profile. Only the timing ones are read.
+PRIOR_KEYS = frozenset({
+    "name", "chunk_tokens", "bytes_per_token", "gpu_kv_bytes", "pool_bytes",
+    "prefill_fixed_s", "prefill_token_s", "prefill_token2_s", "load_fixed_s",
+    "load_bytes_per_s", "store_bytes_per_s", "tpot_s", "tpot_context_s",
+})
+# The built-in prior (package data): the study fit of docs/model.md.
+DEFAULT_PRIOR_FILE = Path(__file__).parent / "priors" / "study-27b.toml"
+
+
+class PriorError(ValueError):
+    """A prior file that cannot be read, or with an unknown key or a bad value."""
 
 
 @dataclass(frozen=True, slots=True)
 class CostParams:
-    """Prior cost parameters, in seconds (per token where named so)."""
+    """Prior cost parameters, in seconds (per token where named so); ``name`` and ``source``
+    (the file it was read from) say which prior it is."""
 
-    prefill_fixed_s: float = 0.25
-    prefill_token_s: float = 1.2567e-4
-    prefill_token2_s: float = 8.583e-10
-    load_fixed_s: float = 0.16
-    load_token_s: float = 32 * 1024 / 25.0e9  # 32 KiB per token over 25 GB/s
+    prefill_fixed_s: float
+    prefill_token_s: float
+    prefill_token2_s: float
+    load_fixed_s: float
+    load_token_s: float
+    name: str = ""
+    source: str = ""
+
+    @classmethod
+    def from_option(cls, value: Any) -> CostParams:
+        """``locality@prior=PATH``: a TOML or JSON prior file (see ``load_prior``)."""
+        return load_prior(str(value))
 
     def prefill_s(self, cached: int, new: int) -> float:
         if new <= 0:
@@ -46,7 +75,55 @@ class CostParams:
         return 0.0 if tokens <= 0 else self.load_fixed_s + tokens * self.load_token_s
 
 
-STUDY_PRIOR = CostParams()
+def _read_prior(text: bytes, where: str, toml: bool) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(text.decode()) if toml else json.loads(text)
+    except ValueError as exc:  # TOMLDecodeError, JSONDecodeError, UnicodeDecodeError
+        raise PriorError(f"{where}: not valid {'TOML' if toml else 'JSON'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise PriorError(f"{where}: must hold a table of profile keys")
+    for key, value in data.items():
+        if key not in PRIOR_KEYS:
+            raise PriorError(f"{where}: unknown key {key!r}; known: {sorted(PRIOR_KEYS)}")
+        if key == "name":
+            if not isinstance(value, str):
+                raise PriorError(f"{where}: key 'name' must be a string, not {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not (
+                math.isfinite(value) and value >= 0):
+            raise PriorError(f"{where}: key {key!r} must be a number >= 0, not {value!r}")
+    if data.get("load_bytes_per_s") == 0:
+        raise PriorError(f"{where}: key 'load_bytes_per_s' must be > 0")
+    return data
+
+
+def _default_fields() -> dict[str, Any]:
+    return _read_prior(DEFAULT_PRIOR_FILE.read_bytes(), str(DEFAULT_PRIOR_FILE), toml=True)
+
+
+def load_prior(path: str | Path | None = None) -> CostParams:
+    """The prior in a TOML (``.toml``) or JSON file; ``None``: the built-in study fit.
+
+    Fields the file leaves out keep the built-in value; ``load_token_s`` is
+    ``bytes_per_token / load_bytes_per_s``. Raises ``PriorError`` naming the bad key."""
+    source = Path(path) if path is not None else DEFAULT_PRIOR_FILE
+    try:
+        raw = source.read_bytes()
+    except OSError as exc:
+        raise PriorError(f"{source}: cannot read it: {exc.strerror or exc}") from None
+    own = _read_prior(raw, str(source), toml=source.suffix != ".json")
+    fields = own if path is None else {**_default_fields(), "name": source.stem, **own}
+    return CostParams(
+        prefill_fixed_s=float(fields["prefill_fixed_s"]),
+        prefill_token_s=float(fields["prefill_token_s"]),
+        prefill_token2_s=float(fields["prefill_token2_s"]),
+        load_fixed_s=float(fields["load_fixed_s"]),
+        load_token_s=fields["bytes_per_token"] / fields["load_bytes_per_s"],
+        name=str(fields.get("name", "")),
+        source=str(source),
+    )
+
+
+STUDY_PRIOR = load_prior()
 
 
 @dataclass(frozen=True, slots=True)

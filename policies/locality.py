@@ -53,7 +53,9 @@ from policies.hashing import rendezvous_rank
 
 @dataclass(frozen=True, slots=True)
 class LocalityConfig:
-    """``work_weight``: seconds of score per second of extra work a placement causes;
+    """``prior``: the cost model's prior (``policies.cost``; from a file with
+    ``locality@prior=PATH``, default the built-in study fit);
+    ``work_weight``: seconds of score per second of extra work a placement causes;
     ``stay_margin``: relative advantage another replica needs to take a session away;
     ``stay_margin_s``: the same in absolute seconds (added); ``calibrate``: learn online;
     ``alpha``/``warmup``/``clip``: see ``Calibration``."""
@@ -85,6 +87,7 @@ class _Queue:
 
 class Locality(BasePolicy):
     name: ClassVar[str] = "locality"
+    config_cls: ClassVar[type[LocalityConfig]] = LocalityConfig
 
     def __init__(self, config: LocalityConfig | None = None) -> None:
         self.config = config or LocalityConfig()

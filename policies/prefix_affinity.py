@@ -47,6 +47,7 @@ class PrefixAffinityConfig:
 
 class PrefixAffinity(BasePolicy):
     name: ClassVar[str] = "prefix_affinity"
+    config_cls: ClassVar[type[PrefixAffinityConfig]] = PrefixAffinityConfig
 
     def __init__(self, config: PrefixAffinityConfig | None = None) -> None:
         self.config = config or PrefixAffinityConfig()

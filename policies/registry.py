@@ -3,41 +3,32 @@
 Policies are stateful (cursors, session memory, calibration), so each router, simulator
 run or A/B arm gets its own instance.
 
-``options`` override fields of the policy's typed config (``CONFIGS``), coerced to the
-type of the field's default (``{"stay_margin": "0.3"}`` -> 0.3); an unknown field, or any
-option for a policy without a config, is an error. ``split`` takes its arms instead:
-``{"spec": "A=fixed:50,B=locality:50"}`` or the JSON form (``policies.split``).
+The map is derived from one list, ``POLICY_CLASSES``. Each class builds itself from
+options (``BasePolicy.from_options``): by default ``options`` override fields of its typed
+config (``config_cls``), coerced to the field's declared type by ``policies.options``
+(``{"stay_margin": "0.3"}`` -> 0.3); an unknown field, or any option for a policy without
+a config, is an error. ``split`` takes its arms instead: ``{"spec": "A=fixed:50,..."}`` or
+the JSON form (``policies.split``). Every bad option surfaces as ``BadPolicyOptions``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from policies.alternating import Alternating
-from policies.base import Policy
+from policies.base import BasePolicy, Policy
 from policies.fixed import Fixed
 from policies.least_loaded import LeastLoaded
-from policies.locality import Locality, LocalityConfig
-from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+from policies.locality import Locality
+from policies.prefix_affinity import PrefixAffinity
 from policies.round_robin import RoundRobin
-from policies.split import Split, SplitSpecError
+from policies.split import Split
 
-POLICIES: dict[str, Callable[[], Policy]] = {
-    RoundRobin.name: RoundRobin,
-    LeastLoaded.name: LeastLoaded,
-    Fixed.name: Fixed,
-    Alternating.name: Alternating,
-    PrefixAffinity.name: PrefixAffinity,
-    Locality.name: Locality,
-}
-
-# Policies with a typed config: name -> (config class, factory taking the config).
-CONFIGS: dict[str, tuple[type[Any], Callable[[Any], Policy]]] = {
-    Locality.name: (LocalityConfig, Locality),
-    PrefixAffinity.name: (PrefixAffinityConfig, PrefixAffinity),
-}
+POLICY_CLASSES: tuple[type[BasePolicy], ...] = (
+    RoundRobin, LeastLoaded, Fixed, Alternating, PrefixAffinity, Locality, Split,
+)
+_BY_NAME: dict[str, type[BasePolicy]] = {cls.name: cls for cls in POLICY_CLASSES}
 
 
 class UnknownPolicy(KeyError):
@@ -50,53 +41,36 @@ class BadPolicyOptions(ValueError):
 
 def names() -> list[str]:
     """Policies that run with no options (what demos sweep); ``split`` needs a spec."""
-    return sorted(POLICIES)
+    return sorted(n for n, cls in _BY_NAME.items() if not cls.needs_options)
 
 
-def _coerce(name: str, key: str, default: Any, value: Any) -> Any:
-    try:
-        if isinstance(default, bool):
-            if isinstance(value, str):
-                if value.lower() not in ("true", "false", "1", "0", "on", "off"):
-                    raise ValueError(value)
-                return value.lower() in ("true", "1", "on")
-            return bool(value)
-        if isinstance(default, int | float):
-            return type(default)(value)
-    except (TypeError, ValueError):
-        raise BadPolicyOptions(f"{name}: option {key}={value!r} is not a "
-                               f"{type(default).__name__}") from None
-    raise BadPolicyOptions(f"{name}: option {key!r} cannot be set from a spec")
-
-
-def _configured(name: str, options: Mapping[str, Any]) -> Policy:
-    if name not in CONFIGS:
-        raise BadPolicyOptions(f"policy {name!r} takes no options (got {sorted(options)})")
-    cls, factory = CONFIGS[name]
-    base = cls()
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(options) - fields
-    if unknown:
-        raise BadPolicyOptions(f"{name}: unknown options {sorted(unknown)}; known: {sorted(fields)}")
-    changes = {k: _coerce(name, k, getattr(base, k), v) for k, v in options.items()}
-    try:
-        return factory(dataclasses.replace(base, **changes))
-    except ValueError as exc:  # the config's own validation
-        raise BadPolicyOptions(f"{name}: {exc}") from None
+def all_names() -> list[str]:
+    """Every registered policy: ``names()``, then those that need options."""
+    return [*names(), *sorted(n for n, cls in _BY_NAME.items() if cls.needs_options)]
 
 
 def create(name: str, options: Mapping[str, Any] | None = None) -> Policy:
-    if name == Split.name:
-        spec = (options or {}).get("spec", options)
-        if not spec:
-            raise BadPolicyOptions("policy 'split' needs a split spec (--split)")
-        try:
-            return Split.from_spec(spec, create)
-        except SplitSpecError as exc:
-            raise BadPolicyOptions(str(exc)) from None
     try:
-        factory = POLICIES[name]
+        cls = _BY_NAME[name]
     except KeyError:
-        raise UnknownPolicy(f"unknown policy {name!r}; known: {', '.join(names())}, "
-                            f"{Split.name}") from None
-    return _configured(name, options) if options else factory()
+        raise UnknownPolicy(f"unknown policy {name!r}; known: {', '.join(all_names())}") from None
+    try:
+        return cls.from_options(options or {}, create)
+    except (UnknownPolicy, BadPolicyOptions):
+        raise  # a nested policy's (a split arm's) own error, already named
+    except ValueError as exc:
+        raise BadPolicyOptions(f"{name}: {exc}") from None
+
+
+def reweight(policy: Policy, weights: Mapping[str, float]) -> tuple[Policy, dict[str, Any]]:
+    """A policy with new arm weights (``Split.with_weights``: the same arm objects) and the
+    options that rebuild it; ``BadPolicyOptions`` when it has no weights or an arm is
+    unknown."""
+    with_weights = getattr(policy, "with_weights", None)
+    if with_weights is None:
+        raise BadPolicyOptions(f"the active policy {policy.name!r} has no arm weights")
+    try:
+        new: Policy = with_weights(weights)
+    except ValueError as exc:
+        raise BadPolicyOptions(f"{policy.name}: {exc}") from None
+    return new, dict(getattr(new, "options", dict)())

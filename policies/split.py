@@ -30,15 +30,22 @@ config, values read as JSON scalars, else strings), or JSON (also what a TOML ta
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import xxhash
 
-from policies.base import BasePolicy, Decision, Outcome, Policy, ReplicaView, RequestView
+from policies.base import (
+    BasePolicy,
+    Decision,
+    Outcome,
+    Policy,
+    PolicyFactory,
+    ReplicaView,
+    RequestView,
+)
 
-PolicyFactory = Callable[[str, Mapping[str, Any] | None], Policy]
 _SCALE = float(1 << 64)
 
 
@@ -136,6 +143,7 @@ class Arm:
 
 class Split(BasePolicy):
     name: ClassVar[str] = "split"
+    needs_options: ClassVar[bool] = True
 
     def __init__(self, arms: Sequence[Arm], salt: str = "") -> None:
         if not arms or sum(a.weight for a in arms) <= 0 or any(a.weight < 0 for a in arms):
@@ -155,6 +163,20 @@ class Split(BasePolicy):
         parsed = spec if isinstance(spec, SplitSpec) else parse_split(spec)
         return cls([Arm(a.name, create(a.policy, a.options), a.weight) for a in parsed.arms],
                    parsed.salt)
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], create: PolicyFactory) -> Policy:
+        """Registry options: ``{"spec": SPEC}`` (the ``--split`` setting), or the JSON
+        form's own keys."""
+        spec = options.get("spec", options)
+        if not spec:
+            raise SplitSpecError("needs a split spec (--split)")
+        return cls.from_spec(spec, create)
+
+    def options(self) -> dict[str, Any]:
+        """Registry options that rebuild this split (fresh arm policies)."""
+        return {"spec": {"salt": self.salt, "arms": [
+            {"name": a.name, "policy": a.policy.name, "weight": a.weight} for a in self.arms]}}
 
     def with_weights(self, weights: Mapping[str, float]) -> Split:
         """A new split over the SAME arm policy objects (their state carries over)."""

@@ -31,9 +31,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from policies import registry
-from policies.split import Split, SplitSpecError
-from router.errors import BadRequest, LmrouteError, NotFound, Unauthorized
-from router.proxy import Proxy, error_response
+from router.errors import BadRequest, NotFound, Unauthorized
+from router.proxy import Proxy
 
 
 class PolicyAdmin:
@@ -60,16 +59,13 @@ class PolicyAdmin:
         self.switches += 1
 
     def reweight(self, weights: Mapping[str, float]) -> None:
-        current = self.proxy.policy
-        if not isinstance(current, Split):
-            raise BadRequest("the active policy is not a split", param="weights")
+        """New arm weights for the active policy (a split; its arm objects are kept)."""
         try:
-            split = current.with_weights(weights)
-        except SplitSpecError as exc:
+            policy, options = registry.reweight(self.proxy.policy, weights)
+        except registry.BadPolicyOptions as exc:
             raise BadRequest(str(exc), param="weights") from None
-        self.proxy.policy = split
-        self.options = {"spec": {"salt": split.salt, "arms": [
-            {"name": a.name, "policy": a.policy.name, "weight": a.weight} for a in split.arms]}}
+        self.proxy.policy = policy
+        self.options = options
         self.switches += 1
 
     def check(self, request: Request) -> None:
@@ -96,39 +92,31 @@ def _json(data: Any) -> Response:
 
 
 def admin_routes(admin: PolicyAdmin) -> list[Route]:
+    """The admin routes; their errors are raised, rendered by the app's handler."""
+
     async def get_policy(request: Request) -> Response:
-        try:
-            admin.check(request)
-        except LmrouteError as err:
-            return error_response(err)
+        admin.check(request)
         return _json(admin.state())
 
     async def set_policy(request: Request) -> Response:
-        try:
-            admin.check(request)
-            body = await _body(request)
-            name = body.get("policy")
-            options = body.get("options") or {}
-            if not isinstance(name, str) or not isinstance(options, dict):
-                raise BadRequest('expected {"policy": NAME, "options": {...}}', param="policy")
-            if isinstance(body.get("split"), str | dict):  # shorthand for split's spec
-                options = {"spec": body["split"]}
-            admin.switch(name, options)
-        except LmrouteError as err:
-            return error_response(err)
+        admin.check(request)
+        body = await _body(request)
+        name = body.get("policy")
+        options = body.get("options") or {}
+        if not isinstance(name, str) or not isinstance(options, dict):
+            raise BadRequest('expected {"policy": NAME, "options": {...}}', param="policy")
+        if isinstance(body.get("split"), str | dict):  # shorthand for split's spec
+            options = {"spec": body["split"]}
+        admin.switch(name, options)
         return _json(admin.state())
 
     async def set_weights(request: Request) -> Response:
-        try:
-            admin.check(request)
-            weights = (await _body(request)).get("weights")
-            if not isinstance(weights, dict) or not all(
-                    isinstance(v, int | float) and not isinstance(v, bool)
-                    for v in weights.values()):
-                raise BadRequest('expected {"weights": {"ARM": number, ...}}', param="weights")
-            admin.reweight({str(k): float(v) for k, v in weights.items()})
-        except LmrouteError as err:
-            return error_response(err)
+        admin.check(request)
+        weights = (await _body(request)).get("weights")
+        if not isinstance(weights, dict) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in weights.values()):
+            raise BadRequest('expected {"weights": {"ARM": number, ...}}', param="weights")
+        admin.reweight({str(k): float(v) for k, v in weights.items()})
         return _json(admin.state())
 
     return [Route("/admin/policy", get_policy, methods=["GET"]),

@@ -1,13 +1,19 @@
 """The ``lmroute`` command.
 
-    lmroute serve   --backend URL [--backend URL ...] [--policy NAME] [--config FILE] ...
-    lmroute replica --port N [--name NAME] ...     an emulated vLLM(+LMCache) replica (sim/)
-    lmroute demo    [--json PATH] [--plot PATH]      emulated replicas + router, policies compared
+    lmroute serve    --backend URL [--backend URL ...] [--policy NAME] [--config FILE] ...
     lmroute policies                                 list the registered routing policies
+
+and, from ``sim/`` (``sim.cli.add_sim_commands``; they need the ``sim`` extra):
+
+    lmroute replica  --port N ...                    an emulated vLLM(+LMCache) replica
+    lmroute demo     [--json PATH] [--plot PATH]     emulated replicas + router, policies compared
+    lmroute sim      SCENARIO ...                    discrete-event simulation of the policies
+    lmroute live     [--loads ...]                   rising load through the real router
+    lmroute ab       --arms A,B ...                  A/B test two policies or deployments
 
 Every ``serve`` option is also read from ``LMROUTE_<OPTION>`` and from the config file
 (``--config`` or ``LMROUTE_CONFIG``); precedence CLI > env > file > default. Only this
-layer imports ``sim`` (for ``replica`` and ``demo``); the request path never does.
+module imports ``sim`` (to register its commands); the request path never does.
 """
 
 from __future__ import annotations
@@ -63,8 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _policies(args: argparse.Namespace) -> int:
     from policies import registry
 
-    # ``split`` composes the others (A/B tests), so it is not in names(), which sweeps use.
-    print("\n".join([*registry.names(), "split"]))
+    print("\n".join(registry.all_names()))
     return 0
 
 

@@ -8,12 +8,17 @@
     ├── RateLimited           429      (reserved for admission control)
     ├── UpstreamError         502      every replica tried failed before the first byte
     │   ├── UpstreamConnectError       connect refused / reset / timed out (retryable)
-    │   └── UpstreamStreamBroken       the reply broke after bytes reached the client
+    │   └── UpstreamStreamBroken       a replica's body broke while being read: retried
+    │                                  on another replica while still buffered (nothing
+    │                                  sent yet); once streamed bytes reached the client,
+    │                                  the stream ends with ``sse_error_event`` instead
     └── NoHealthyReplica      503      nothing to route to
 
 Third-party exceptions (aiohttp, OS errors) are mapped to this tree at one boundary,
-``router.upstream``; every client-visible error is rendered by ``error_body`` as
-``{"error": {"message", "type", "param", "code"}}``, the shape the OpenAI SDKs parse.
+``router.upstream``. The request path and the admin API only raise; an ``LmrouteError``
+becomes a response in one place, the exception handler ``router.routes`` registers on the
+app, which renders ``error_body``: ``{"error": {"message", "type", "param", "code"}}``, the
+shape the OpenAI SDKs parse (plus ``x-request-id`` when the error carries one).
 """
 
 from __future__ import annotations
@@ -26,12 +31,16 @@ class LmrouteError(Exception):
     type: str = "internal_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 status: int | None = None):
         super().__init__(message)
         self.message = message
         self.param = param
+        self.request_id: str | None = None  # set by the proxy: echoed as x-request-id
         if code is not None:
             self.code = code
+        if status is not None:
+            self.status = status
 
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.param, self.code)

@@ -1,6 +1,6 @@
 """Engine truth: vLLM KV-cache events (ZMQ) into the prefix index, one subscriber per replica.
 
-Wire (vLLM's ``ZmqEventPublisher``, shared/REFERENCE.md "KV events"): multipart
+Wire (vLLM's ``ZmqEventPublisher``, ``vllm/distributed/kv_events.py``): multipart
 ``[topic, seq (8-byte big-endian), msgpack payload]``; decoding and the engine-hash ->
 our-key mapping live in ``router.kv_blocks``. The SUB socket connects to the publisher
 (vLLM binds ``tcp://*:PORT``), or binds when the endpoint is written ``bind:tcp://...``
@@ -132,14 +132,14 @@ class KvIngest:
     """Applies decoded event batches to the index (no sockets: tests drive it directly)."""
 
     def __init__(self, index: PrefixIndex, model_of: ModelOf, *, block_tokens: int,
-                 max_blocks: int) -> None:
+                 max_blocks: int, on_error: Callable[[str], None] = lambda kind: None) -> None:
         self.index = index
+        self._on_error = on_error  # an index write failed: reported as kind "events"
         self._model_of = model_of
         self._block_tokens = block_tokens
         self._max_blocks = max_blocks
         self._gpu: dict[ReplicaId, ChainTracker] = {}
         self.pool = ChainTracker(block_tokens, max_blocks)
-        self.index_errors = 0
 
     def tracker(self, replica: ReplicaId) -> ChainTracker:
         found = self._gpu.get(replica)
@@ -152,7 +152,7 @@ class KvIngest:
         try:
             await self.index.forget(replica)
         except IndexUnavailable:
-            self.index_errors += 1
+            self._on_error("events")
 
     async def apply(self, state: SourceState, payload: bytes) -> None:
         replica = state.source.replica
@@ -197,7 +197,7 @@ class KvIngest:
         try:
             await call
         except IndexUnavailable:
-            self.index_errors += 1
+            self._on_error("events")
 
 
 class Subscriber:

@@ -7,10 +7,10 @@ become ``Stored`` / ``Removed`` / ``Cleared``; unknown event types are skipped.
 
 Tracking (``ChainTracker``). vLLM names a block by its own hash (sha256-based, chained
 over the parent) and its blocks hold 16-128 tokens; our keys (``router.prefix``) cover
-``block_tokens`` (256) tokens and are xxh3 chained from ``root_key(model, salt, lora)``.
+``block_tokens`` (256 by default) tokens and are xxh3 chained from ``root_key(model, salt, lora)``.
 We never reproduce vLLM's hash: we recompute ours from the token ids a ``BlockStored``
 carries. Per engine hash the tracker keeps its parent's engine hash, its own tokens
-(packed u32 little-endian, the bytes ``token_chain`` hashes), ``end`` (tokens from the
+(``pack_token_ids``: the bytes ``token_chain`` hashes), ``end`` (tokens from the
 chain start through this block) and ``key`` (our key of the last of our blocks completed
 at or before ``end``, the root if none). A stored engine block that crosses a multiple of
 ``block_tokens`` completes one of our blocks: its bytes are gathered by walking parent
@@ -29,8 +29,6 @@ bare string in the first block's ``extra_keys`` other than the LoRA name is the 
 
 from __future__ import annotations
 
-import sys
-from array import array
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +36,7 @@ from typing import Any
 
 import msgpack
 
-from router.prefix import BlockKey, bytes_chain
+from router.prefix import BlockKey, bytes_chain, pack_token_ids
 
 EngineHash = Hashable  # int (uint64) today; bytes in some vLLM versions
 
@@ -134,13 +132,6 @@ def root_salt(event: Stored) -> tuple[str | None, bool]:
     return salt, True
 
 
-def _pack(token_ids: Sequence[int]) -> bytes:
-    packed = array("I", token_ids)
-    if sys.byteorder == "big":
-        packed.byteswap()
-    return packed.tobytes()
-
-
 @dataclass(slots=True)
 class _Block:
     parent: EngineHash | None
@@ -206,7 +197,7 @@ class ChainTracker:
         for i, engine_hash in enumerate(event.hashes):
             begin, end = end, end + size
             known = self._blocks.pop(engine_hash, None)
-            block = _Block(prev, _pack(event.token_ids[i * size : (i + 1) * size]), end, key,
+            block = _Block(prev, pack_token_ids(event.token_ids[i * size : (i + 1) * size]), end, key,
                            known.owners if known is not None and known.end == end else ())
             self._blocks[engine_hash] = block
             if key is None:

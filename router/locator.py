@@ -11,13 +11,15 @@ forwarder:
 - ``residency(chain)``: ONE index lookup, timed and counted by tier. The index never
   fails a request: ``ResilientIndex`` falls back to memory, and any ``IndexUnavailable``
   left over reads as "nothing cached anywhere".
-- ``served(chain, replica)``: after a successful reply the serving replica's GPU now
+- ``served(session, chain, replica)``: after a successful reply the serving replica's GPU now
   holds the prefix (unless ``precise(replica)``: that replica's KV events are flowing and
   are the truth about its GPU, a guess would only add false hits), and with
   ``pool_write_through`` (LMCache's default store-on-prefill) so does the shared pool.
   Recorded in a background task: the client never waits on it.
 - ``last_replica(session)``: the replica that last served a session (bounded LRU), which
   policies use to keep sessions in place (hysteresis).
+- ``replica_health_changed(replica, healthy)``: an ejected replica's GPU entries are
+  forgotten (it is assumed restarted when it comes back).
 
 Capacity (``capacity_from_bytes``): blocks = bytes / (tokens per block x KV bytes per
 token); the study's model has 32 KiB of FP8 KV per token.
@@ -28,9 +30,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-from policies.base import EMPTY_RESIDENCY, ReplicaId, Residency, Tier
+from policies.base import DEFAULT_BLOCK_TOKENS, EMPTY_RESIDENCY, ReplicaId, Residency, Tier
 from router.index import IndexCapacity, IndexUnavailable, PrefixIndex
 from router.metrics import RouterMetrics
 from router.openai_api import ParsedRequest
@@ -51,7 +54,7 @@ class Locator:
     def __init__(self, index: PrefixIndex, metrics: RouterMetrics, *, block_bytes: int,
                  pool_write_through: bool, max_sessions: int = 200_000,
                  clock: Callable[[], float] = time.perf_counter,
-                 tokenizer: ChatTokenizer | None = None, block_tokens: int = 256,
+                 tokenizer: ChatTokenizer | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS,
                  precise: Callable[[ReplicaId], bool] = lambda replica: False):
         self.index = index
         self.tokenizer = tokenizer
@@ -71,7 +74,7 @@ class Locator:
         try:
             ids = self.tokenizer.ids(parsed.body, parsed.endpoint)
         except TemplateFailed:
-            self.metrics.index_errors.labels("template").inc()
+            self.metrics.index_error("template")
             return []
         salt = parsed.body.get("cache_salt")
         root = root_key(parsed.model, salt if isinstance(salt, str) else None, None)
@@ -84,16 +87,10 @@ class Locator:
         try:
             found = await self.index.lookup(chain)
         except IndexUnavailable:
-            self.metrics.index_errors.labels("lookup").inc()
+            self.metrics.index_error("lookup")
             return EMPTY_RESIDENCY
-        self.metrics.index_lookup.observe(self._clock() - t0)
-        if found.gpu:
-            tier = Tier.GPU
-        elif found.pool:
-            tier = Tier.POOL
-        else:
-            tier = Tier.MISS
-        self.metrics.index_lookups.labels(tier.value).inc()
+        tier = Tier.GPU if found.gpu else Tier.POOL if found.pool else Tier.MISS
+        self.metrics.index_lookup(self._clock() - t0, tier.value)
         return found
 
     def last_replica(self, session: str) -> ReplicaId | None:
@@ -105,9 +102,18 @@ class Locator:
         if len(self._sessions) > self._max_sessions:
             self._sessions.popitem(last=False)
         if chain:
-            task = asyncio.get_running_loop().create_task(self._record(chain, replica))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            self._background(self._record(chain, replica))
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def replica_health_changed(self, replica: ReplicaId, healthy: bool) -> None:
+        """An ejected replica is assumed restarted when it comes back: its GPU cache is
+        gone, so what the index believes about it is dropped (in the background)."""
+        if not healthy:
+            self._background(self.forget(replica))
 
     async def _record(self, chain: list[BlockKey], replica: ReplicaId) -> None:
         try:
@@ -116,13 +122,13 @@ class Locator:
             if self.pool_write_through:
                 await self.index.record(chain, Tier.POOL)
         except IndexUnavailable:
-            self.metrics.index_errors.labels("record").inc()
+            self.metrics.index_error("record")
 
     async def forget(self, replica: ReplicaId) -> None:
         try:
             await self.index.forget(replica)
         except IndexUnavailable:
-            self.metrics.index_errors.labels("forget").inc()
+            self.metrics.index_error("forget")
 
     async def close(self) -> None:
         if self._pending:

@@ -1,6 +1,7 @@
 """The only place router metrics are recorded (Prometheus client, one registry per app).
 
-Counters and histograms are updated by the request path through the methods below;
+Counters and histograms are private to ``RouterMetrics``: the proxy, the locator, the
+index and the app record through its methods (``decision``, ``request_done``, ...);
 every request metric carries an ``arm`` label: the A/B arm of ``policies.split`` that
 routed it, "" when the policy is not a split;
 replica gauges (health, in-flight, scraped engine load) are read from the ReplicaSet at
@@ -59,56 +60,97 @@ class RouterMetrics:
     def __init__(self, replicas: ReplicaSet):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
+        self._requests = Counter(
             "lmroute_requests", "proxied requests by outcome",
             ["endpoint", "replica", "status", "arm"], registry=r,
         )
-        self.decisions = Counter(
+        self._decisions = Counter(
             "lmroute_decisions", "policy decisions", ["policy", "reason", "arm"], registry=r
         )
-        self.retries = Counter(
+        self._retries = Counter(
             "lmroute_retries", "requests re-sent to another replica (failover)",
             ["replica", "arm"], registry=r,
         )
-        self.upstream_errors = Counter(
+        self._upstream_errors = Counter(
             "lmroute_upstream_errors", "replica failures seen on the request path",
             ["replica", "kind", "arm"], registry=r,
         )
-        self.client_errors = Counter(
+        self._client_errors = Counter(
             "lmroute_client_errors", "requests refused by the router itself", ["code"], registry=r
         )
-        self.ttft = Histogram(
+        self._ttft = Histogram(
             "lmroute_time_to_first_byte_seconds",
             "router receipt to first body byte from the replica (TTFT when streaming)",
             ["replica", "arm"], buckets=LATENCY_BUCKETS, registry=r,
         )
-        self.duration = Histogram(
+        self._duration = Histogram(
             "lmroute_request_duration_seconds", "router receipt to last byte",
             ["replica", "arm"], buckets=LATENCY_BUCKETS, registry=r,
         )
-        self.overhead = Histogram(
+        self._overhead = Histogram(
             "lmroute_routing_overhead_seconds", "parse + lookup + choose, before the upstream send",
             buckets=OVERHEAD_BUCKETS, registry=r,
         )
-        self.ttft_ratio = Histogram(
+        self._ttft_ratio = Histogram(
             "lmroute_ttft_observed_over_predicted",
             "observed TTFT / the policy's predicted TTFT (1 = exact; policies that predict)",
             ["replica", "arm"], buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0),
             registry=r,
         )
-        self.index_lookups = Counter(
+        self._index_lookups = Counter(
             "lmroute_index_lookups", "prefix index lookups by the best tier found",
             ["tier"], registry=r,
         )
-        self.index_lookup = Histogram(
+        self._index_lookup = Histogram(
             "lmroute_index_lookup_seconds", "one prefix index lookup (one round trip)",
             buckets=OVERHEAD_BUCKETS, registry=r,
         )
-        self.index_errors = Counter(
+        self._index_errors = Counter(
             "lmroute_index_errors", "index failures (the request went on without it)",
             ["kind"], registry=r,
         )
         r.register(_ReplicaCollector(replicas))
+
+    # -- the request path -------------------------------------------------------------
+    def refused(self, code: str) -> None:
+        """The router itself refused a request (bad body, too large, nothing to route to)."""
+        self._client_errors.labels(code).inc()
+
+    def decision(self, policy: str, reason: str, arm: str) -> None:
+        self._decisions.labels(policy, reason, arm).inc()
+
+    def retry(self, replica: str, arm: str) -> None:
+        """A request re-sent to ``replica`` after another failed it (failover)."""
+        self._retries.labels(replica, arm).inc()
+
+    def routing_overhead(self, seconds: float) -> None:
+        self._overhead.observe(seconds)
+
+    def upstream_error(self, replica: str, kind: str, arm: str) -> None:
+        self._upstream_errors.labels(replica, kind, arm).inc()
+
+    def request_done(self, endpoint: str, replica: str, status: int, arm: str, *,
+                     duration_s: float | None = None, ttft_s: float | None = None,
+                     predicted_ttft_s: float | None = None) -> None:
+        """One proxied request answered by ``replica``: count, durations, TTFT accuracy."""
+        self._requests.labels(endpoint, replica, status, arm).inc()
+        if duration_s is not None:
+            self._duration.labels(replica, arm).observe(duration_s)
+        if ttft_s is not None:
+            self._ttft.labels(replica, arm).observe(ttft_s)
+            if predicted_ttft_s:
+                self._ttft_ratio.labels(replica, arm).observe(ttft_s / predicted_ttft_s)
+
+    # -- the prefix index -----------------------------------------------------------------
+    def index_lookup(self, seconds: float, tier: str) -> None:
+        """One lookup took ``seconds``; ``tier`` is the best tier it found."""
+        self._index_lookup.observe(seconds)
+        self._index_lookups.labels(tier).inc()
+
+    def index_error(self, kind: str) -> None:
+        """The index failed (``kind``: lookup, record, template, events, ...); the request
+        went on without it."""
+        self._index_errors.labels(kind).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

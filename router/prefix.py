@@ -35,11 +35,15 @@ from typing import Any, Literal
 import orjson
 import xxhash
 
+from policies.base import DEFAULT_BLOCK_TOKENS as DEFAULT_BLOCK_TOKENS  # re-exported
+
 BlockKey = int
 Endpoint = Literal["chat", "completions"]
 
-DEFAULT_BLOCK_BYTES = 1024
-DEFAULT_BLOCK_TOKENS = 256
+# Text mode: about four bytes of English text per token, so a block stands for about
+# ``DEFAULT_BLOCK_TOKENS`` tokens either way.
+DEFAULT_BLOCK_BYTES = 4 * DEFAULT_BLOCK_TOKENS
+assert array("I").itemsize == 4, "pack_token_ids needs a 4-byte C unsigned int"
 
 _hash = xxhash.xxh3_64_intdigest
 # Separators from the ASCII control range: they keep "ab"+"c" and "a"+"bc" apart and do
@@ -78,9 +82,17 @@ def bytes_chain(data: bytes, root: BlockKey, block_bytes: int = DEFAULT_BLOCK_BY
     return keys
 
 
-def _token_bytes(token_ids: Sequence[int]) -> bytes:
-    packed = array("I", token_ids)
-    # Explicit little-endian so that two routers on different hosts agree on keys.
+def pack_token_ids(token_ids: Sequence[int]) -> bytes:
+    """Token ids as unsigned 32-bit little-endian integers, concatenated.
+
+    Little-endian whatever the host, so routers on different hosts agree on keys (and
+    with the keys computed from engines' KV events). An id outside ``0 .. 2**32 - 1``
+    raises ``ValueError``.
+    """
+    try:
+        packed = array("I", token_ids)
+    except OverflowError as exc:
+        raise ValueError(f"token id out of the u32 range: {exc}") from None
     if sys.byteorder == "big":
         packed.byteswap()
     return packed.tobytes()
@@ -92,7 +104,7 @@ def token_chain(
     """Keys of the full ``block_tokens`` blocks of ``token_ids``, chained from ``root``."""
     if block_tokens <= 0:
         raise ValueError("block_tokens must be positive")
-    return bytes_chain(_token_bytes(token_ids), root, 4 * block_tokens)
+    return bytes_chain(pack_token_ids(token_ids), root, 4 * block_tokens)
 
 
 def _json(value: Any) -> bytes:
@@ -153,7 +165,7 @@ def render_prompt(prompt: Any) -> bytes:
     if isinstance(prompt, list) and prompt:
         first = prompt[0]
         if isinstance(first, int):
-            return _token_bytes(prompt)
+            return pack_token_ids(prompt)
         return render_prompt(first)
     return b"" if prompt is None or prompt == [] else _json(prompt)
 

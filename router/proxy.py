@@ -55,13 +55,6 @@ Clock = Callable[[], float]
 PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
-def error_response(err: LmrouteError, request_id: str | None = None) -> Response:
-    resp = Response(err.body(), status_code=err.status, media_type="application/json")
-    if request_id:
-        resp.headers["x-request-id"] = request_id
-    return resp
-
-
 async def read_body(request: Request, limit: int) -> bytes:
     """Read the whole body, refusing (413) as soon as it is known to exceed ``limit``."""
     declared = request.headers.get("content-length")
@@ -126,9 +119,10 @@ class Proxy:
             raw = await read_body(request, self.max_body_bytes)
             parsed = parse_request(endpoint, raw, request.headers.get("x-session-id"))
             return await self._route(parsed, raw, request, request_id, t0)
-        except LmrouteError as err:
-            self.metrics.client_errors.labels(err.code or err.type).inc()
-            return error_response(err, request_id)
+        except LmrouteError as err:  # rendered by the app's handler (router.routes)
+            self.metrics.refused(err.code or err.type)
+            err.request_id = request_id
+            raise
 
     async def _view(self, parsed: ParsedRequest, chain: list[int], request_id: str,
                     now: float) -> RequestView:
@@ -167,12 +161,12 @@ class Proxy:
             attempt = _Attempt(view, decision, replica, chain, policy)
             tried.add(replica.id)
             if attempt_no:
-                self.metrics.retries.labels(replica.url, decision.arm).inc()
-            self.metrics.decisions.labels(policy.name, decision.reason, decision.arm).inc()
+                self.metrics.retry(replica.url, decision.arm)
+            self.metrics.decision(policy.name, decision.reason, decision.arm)
             policy.dispatched(view, decision)
             replica.in_flight += 1
             if attempt_no == 0:
-                self.metrics.overhead.observe(self.clock() - t0)
+                self.metrics.routing_overhead(self.clock() - t0)
             try:
                 resp = await self.upstream.send("POST", replica.url + PATHS[parsed.endpoint],
                                                 headers, raw)
@@ -197,8 +191,8 @@ class Proxy:
             return self._buffered(resp, body, attempt, request_id)
         if last_5xx is not None:
             resp, body, attempt = last_5xx
-            self.metrics.requests.labels(parsed.endpoint, attempt.replica.url, resp.status,
-                                         attempt.decision.arm).inc()
+            self.metrics.request_done(parsed.endpoint, attempt.replica.url, resp.status,
+                                      attempt.decision.arm)
             return self._buffered(resp, body, attempt, request_id)
         if last_error is not None:
             raise UpstreamError(f"all {len(tried)} replicas tried failed; last: {last_error.message}")
@@ -214,7 +208,7 @@ class Proxy:
     def _failed(self, attempt: _Attempt, kind: str, error: str) -> None:
         attempt.replica.in_flight -= 1
         self.replicas.record_failure(attempt.replica, error)
-        self.metrics.upstream_errors.labels(attempt.replica.url, kind, attempt.decision.arm).inc()
+        self.metrics.upstream_error(attempt.replica.url, kind, attempt.decision.arm)
         attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=False,
                                     at=self.clock()))
 
@@ -223,14 +217,9 @@ class Proxy:
         now = self.clock()
         attempt.replica.in_flight -= 1
         self.replicas.record_success(attempt.replica, from_probe=False)
-        url, arm = attempt.replica.url, attempt.decision.arm
-        self.metrics.requests.labels(attempt.view.endpoint, url, status, arm).inc()
-        self.metrics.duration.labels(url, arm).observe(now - t0)
-        if ttft is not None:
-            self.metrics.ttft.labels(url, arm).observe(ttft)
-            predicted = attempt.decision.predicted_ttft_s
-            if predicted and ok:
-                self.metrics.ttft_ratio.labels(url, arm).observe(ttft / predicted)
+        self.metrics.request_done(attempt.view.endpoint, attempt.replica.url, status,
+                                  attempt.decision.arm, duration_s=now - t0, ttft_s=ttft,
+                                  predicted_ttft_s=attempt.decision.predicted_ttft_s if ok else None)
         attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=ok, ttft_s=ttft,
                                     total_s=now - t0, at=now))
         if ok:
@@ -277,8 +266,8 @@ class Proxy:
                 # Bytes already reached the client: no retry. End with an error event the
                 # OpenAI SDKs raise on, then close the stream cleanly.
                 state["ok"] = False
-                self.metrics.upstream_errors.labels(attempt.replica.url, "mid_stream",
-                                                    attempt.decision.arm).inc()
+                self.metrics.upstream_error(attempt.replica.url, "mid_stream",
+                                            attempt.decision.arm)
                 yield sse_error_event(exc.message)
 
         async def cleanup() -> None:

@@ -8,8 +8,12 @@ none is left.
 
 Load: ``in_flight`` is counted by the router itself (exact, instant). Every
 ``scrape_interval_s`` the engine's own view is read from vLLM's Prometheus names
-(REFERENCE.md): ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and
-``vllm:kv_cache_usage_perc``, summed over the engines of one replica.
+(vLLM's ``vllm/v1/metrics/loggers.py``): ``vllm:num_requests_running``,
+``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc``, summed over the engines
+of one replica.
+
+Models: ``ReplicaSet.models`` is ``GET /v1/models`` of the router (the union over healthy
+replicas); ``ServedModels`` names the model rooting a replica's KV-event keys.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from policies.base import ReplicaView
-from router.errors import UpstreamConnectError
+from router.errors import NoHealthyReplica, UpstreamConnectError
 from router.tasks import cancel_all
 from router.upstream import Upstream
 
@@ -92,6 +96,28 @@ async def list_models(upstream: Upstream, url: str, timeout_s: float,
     return [m for m in data if isinstance(m, dict) and "id" in m]
 
 
+class ServedModels:
+    """The model name rooting a replica's KV-event keys: ``configured`` when set, else the
+    replica's first base (non-LoRA) ``/v1/models`` id, asked once and remembered."""
+
+    def __init__(self, upstream: Upstream, timeout_s: float, configured: str = "") -> None:
+        self._upstream = upstream
+        self._timeout_s = timeout_s
+        self._configured = configured
+        self._found: dict[str, str] = {}
+
+    async def __call__(self, replica_id: str) -> str | None:
+        if self._configured:
+            return self._configured
+        if replica_id not in self._found:
+            data = await list_models(self._upstream, replica_id, self._timeout_s)
+            base = [m for m in data if not m.get("parent")]
+            if not base:
+                return None
+            self._found[replica_id] = str(base[0].get("id"))
+        return self._found[replica_id]
+
+
 def parse_engine_load(text: str) -> dict[str, float]:
     """Sum vLLM's load gauges over engines; missing names read as 0."""
     out = dict.fromkeys(SCRAPED.values(), 0.0)
@@ -135,8 +161,20 @@ class ReplicaSet:
     def views(self) -> list[ReplicaView]:
         return [r.view() for r in self.replicas]
 
-    def any_healthy(self) -> bool:
-        return any(r.healthy for r in self.replicas)
+    async def models(self, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        """Union of the healthy replicas' ``/v1/models`` entries, the first replica's entry
+        winning per id; ``NoHealthyReplica`` when none is healthy."""
+        healthy = [r for r in self.replicas if r.healthy]
+        if not healthy:
+            raise NoHealthyReplica("no healthy replica to list models from")
+        listed = await asyncio.gather(*(list_models(self._upstream, r.url,
+                                                    self._health_timeout_s, headers)
+                                        for r in healthy))
+        seen: dict[str, dict[str, Any]] = {}
+        for found in listed:
+            for m in found:
+                seen.setdefault(str(m["id"]), m)
+        return list(seen.values())
 
     # -- health state machine ------------------------------------------------------
     def _set_health(self, replica: Replica, healthy: bool) -> None:

@@ -2,7 +2,8 @@
 
 Every field can be set four ways: its default here; a TOML or JSON config file
 (``--config FILE``, keys are the field names); an environment variable ``LMROUTE_<FIELD>``
-(upper case; lists comma-separated, booleans 1/0/true/false/yes/no/on/off); a CLI option
+(upper case; lists comma-separated, booleans 1/0/true/false/yes/no/on/off: the coercer
+of ``policies.options``, shared with policy options); a CLI option
 ``--field-name``. Later sources win. Values are coerced by the field's declared type, so
 a wrong type fails at start-up with the field's name, never on the request path.
 """
@@ -16,6 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
+
+from policies.options import OptionError, coerce
+from router.prefix import DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_TOKENS
 
 ENV_PREFIX = "LMROUTE_"
 
@@ -65,7 +69,8 @@ class Settings:
         default=0.005, metadata={"help": "Redis lookup timeout; past it the local index answers"}
     )
     block_bytes: int = field(
-        default=1024, metadata={"help": "text-mode prefix block size in bytes (~256 tokens)"}
+        default=DEFAULT_BLOCK_BYTES,
+        metadata={"help": "text-mode prefix block size in bytes (~4 bytes per token)"}
     )
     pool_write_through: bool = field(
         default=True, metadata={"help": "a served prefix is also in the shared pool (LMCache)"}
@@ -84,7 +89,8 @@ class Settings:
                               "token ids through the chat template); empty: text mode"}
     )
     block_tokens: int = field(
-        default=256, metadata={"help": "token-mode prefix block size (LMCache's chunk)"}
+        default=DEFAULT_BLOCK_TOKENS,
+        metadata={"help": "token-mode prefix block size in tokens (LMCache's chunk)"}
     )
     kv_events: tuple[str, ...] = field(
         default=(), metadata={"help": "vLLM KV-event publishers, comma-separated: tcp://HOST:PORT "
@@ -105,45 +111,17 @@ class Settings:
     admin_key: str = field(default="", metadata={"help": "key for the admin API (empty: off)"})
     log_level: str = field(default="warning", metadata={"help": "uvicorn log level"})
 
-    def with_overrides(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
-
 
 class SettingsError(ValueError):
     """A setting has a wrong name or a value its type cannot take."""
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
 def _coerce(name: str, typ: Any, value: Any) -> Any:
-    """Coerce a raw value (string from env/CLI, or a parsed file value) to the field type."""
+    """A raw value (string from env/CLI, or a parsed file value) as the field's type."""
     try:
-        if typ is bool or typ == "bool":
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in _TRUE:
-                return True
-            if text in _FALSE:
-                return False
-            raise ValueError(value)
-        if typ is int or typ == "int":
-            if isinstance(value, bool):
-                raise ValueError(value)
-            return int(value)
-        if typ is float or typ == "float":
-            return float(value)
-        if typ is str or typ == "str":
-            # A TOML table or JSON object (the ``split`` section) travels as JSON text.
-            return json.dumps(value) if isinstance(value, dict | list) else str(value)
-        # tuple[str, ...]
-        if isinstance(value, str):
-            return tuple(v.strip() for v in value.split(",") if v.strip())
-        return tuple(str(v) for v in value)
-    except (TypeError, ValueError) as exc:
-        raise SettingsError(f"setting {name!r}: cannot use {value!r} as {typ}") from exc
+        return coerce(name, typ, value)
+    except OptionError as exc:
+        raise SettingsError(f"setting {exc}") from None
 
 
 def _fields() -> dict[str, Any]:

@@ -2,18 +2,23 @@
 
 ``open_index`` builds the configured one: no URL (or ``memory``) gives a ``MemoryIndex``;
 ``redis://host:port/db`` gives a ``ResilientIndex`` over a ``RedisIndex`` with a local
-``MemoryIndex`` fallback of the same capacity.
+``MemoryIndex`` fallback of the same capacity. The Redis client is imported only then
+(or on first use of ``router.index.RedisIndex``): a memory-index router never loads it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from policies.base import DEFAULT_BLOCK_TOKENS
 from router.index.base import IndexCapacity, IndexUnavailable, PrefixIndex
 from router.index.memory import MemoryIndex
-from router.index.redis import RedisIndex
 from router.index.resilient import ResilientIndex
+
+if TYPE_CHECKING:
+    from router.index.redis import RedisIndex
 
 __all__ = [
     "IndexCapacity",
@@ -26,6 +31,14 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    if name == "RedisIndex":
+        from router.index.redis import RedisIndex
+
+        return RedisIndex
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def open_index(
     url: str | None,
     capacity: IndexCapacity | None = None,
@@ -34,7 +47,7 @@ def open_index(
     monotonic: Callable[[], float] = time.monotonic,
     on_error: Callable[[str], None] | None = None,
     lookup_timeout_s: float = 0.005,
-    block_tokens: int = 256,
+    block_tokens: int = DEFAULT_BLOCK_TOKENS,
     namespace: str = "lmroute",
 ) -> PrefixIndex:
     """The index for ``url``; ``clock`` stamps entries, ``monotonic`` drives backoff."""
@@ -43,6 +56,8 @@ def open_index(
         return local
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise ValueError(f"unsupported index URL scheme: {url!r}")
+    from router.index.redis import RedisIndex
+
     shared = RedisIndex(url, capacity, namespace=namespace, clock=clock, block_tokens=block_tokens)
     return ResilientIndex(
         shared, local, clock=monotonic, on_error=on_error, lookup_timeout_s=lookup_timeout_s

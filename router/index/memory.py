@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from policies.base import ReplicaId, Residency, Tier
+from policies.base import DEFAULT_BLOCK_TOKENS, ReplicaId, Residency, Tier
 from router.index.base import DEFAULT_STEP_S, BlockKey, IndexCapacity, check_record
 
 
@@ -66,7 +66,7 @@ class MemoryIndex:
         capacity: IndexCapacity | None = None,
         *,
         clock: Callable[[], float] = time.time,
-        block_tokens: int = 256,
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
         step_s: float = DEFAULT_STEP_S,
     ) -> None:
         self.capacity = capacity or IndexCapacity()
@@ -135,9 +135,3 @@ class MemoryIndex:
 
     async def close(self) -> None:
         return None
-
-    def sizes(self) -> dict[str, int]:
-        """Entries held per tier (``pool`` and ``gpu:<replica>``), for metrics and tests."""
-        out = {"pool": len(self._pool.entries)}
-        out.update({f"gpu:{r}": len(b.entries) for r, b in self._gpu.items()})
-        return out

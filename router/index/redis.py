@@ -51,7 +51,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from policies.base import ReplicaId, Residency, Tier
+from policies.base import DEFAULT_BLOCK_TOKENS, ReplicaId, Residency, Tier
 from router.index.base import (
     DEFAULT_STEP_S,
     BlockKey,
@@ -268,7 +268,7 @@ class RedisIndex:
         *,
         namespace: str = "lmroute",
         clock: Callable[[], float] = time.time,
-        block_tokens: int = 256,
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
         step_s: float = DEFAULT_STEP_S,
         socket_timeout_s: float = 1.0,
     ) -> None:
@@ -343,13 +343,6 @@ class RedisIndex:
 
     async def close(self) -> None:
         await self._client.aclose()
-
-    async def ping(self) -> None:
-        """One PING, e.g. to fail fast at start-up; raises ``IndexUnavailable``."""
-        try:
-            await self._client.ping()
-        except (RedisError, OSError) as exc:
-            raise IndexUnavailable(f"redis ping failed: {exc!r}") from exc
 
     async def warm(self) -> None:
         """Connect and load the scripts now, so the first routed lookup pays neither

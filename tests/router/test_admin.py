@@ -59,6 +59,7 @@ def test_bad_switches_are_refused_and_change_nothing(deployment: tuple[str, list
     url, _ = deployment
     for body in ({"policy": "nope"}, {"policy": "split"}, {"policy": "locality",
                                                             "options": {"stay_margin": "x"}},
+                 {"policy": "locality", "options": {"prior": "/nonexistent/prior.toml"}},
                  {"policy": 3}):
         resp = httpx.post(url + "/admin/policy", headers=_auth(), json=body)
         assert resp.status_code == 400, body

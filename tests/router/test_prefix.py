@@ -175,3 +175,14 @@ def test_malformed_bodies_hash_without_raising() -> None:
     assert chain_for_body({"messages": "nope"}, "chat") == []
     odd = {"model": 3, "messages": [7, {"role": None, "content": {"x": 1}}, "s" * 2000]}
     assert len(chain_for_body(odd, "chat")) == len(render_body(odd, "chat")) // 1024 == 1
+
+
+def test_pack_token_ids_is_u32_little_endian() -> None:
+    from router.prefix import pack_token_ids
+
+    assert pack_token_ids([1, 0x01020304, 2**32 - 1]) == (
+        b"\x01\x00\x00\x00" + b"\x04\x03\x02\x01" + b"\xff\xff\xff\xff")
+    assert pack_token_ids([]) == b""
+    for bad in ([-1], [2**32]):
+        with pytest.raises(ValueError):
+            pack_token_ids(bad)

@@ -1,0 +1,143 @@
+"""The router's HTTP surface: its routes, and the one place errors become responses.
+
+    POST /v1/chat/completions, /v1/completions   the proxy (``router.proxy``)
+    GET  /v1/models                              union of the healthy replicas' models
+    GET  /health, /ready                         liveness; readiness (503 with no replica)
+    GET  /metrics                                Prometheus text (``router.metrics``)
+    GET  /replicas                               replica state and KV-event index status
+    POST /index/lookup                           where the index believes a body's prefix is
+    GET  /policy                                 the active policy's ``describe()``
+    GET|POST /admin/...                          ``router.admin``
+
+The chat/completions routes are plain Starlette routes taking the raw request: FastAPI's
+body validation stays off the hot path (``openai_api`` parses bytes). Handlers raise
+``LmrouteError``; ``install_error_handlers`` renders it (and Starlette's HTTP errors and
+any unexpected exception) as the OpenAI error shape, in ``_error_response`` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from router.admin import PolicyAdmin, admin_routes
+from router.errors import BadRequest, LmrouteError, NotFound
+from router.events import EngineEvents
+from router.locator import Locator
+from router.metrics import RouterMetrics
+from router.openai_api import Endpoint, parse_request
+from router.proxy import Proxy
+from router.replicas import ReplicaSet
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+@dataclass(frozen=True, slots=True)
+class Routes:
+    """The endpoints over the app's parts (built once by ``create_app``)."""
+
+    proxy: Proxy
+    replicas: ReplicaSet
+    metrics: RouterMetrics
+    locator: Locator
+    events: EngineEvents
+    admin: PolicyAdmin
+    mode: str  # "token" or "text": how prompts are hashed
+
+    async def chat(self, request: Request) -> Response:
+        return await self.proxy.handle("chat", request)
+
+    async def completions(self, request: Request) -> Response:
+        return await self.proxy.handle("completions", request)
+
+    async def models(self, request: Request) -> Response:
+        auth = request.headers.get("authorization")
+        data = await self.replicas.models({"authorization": auth} if auth else {})
+        return _json({"object": "list", "data": data})
+
+    async def health(self, request: Request) -> Response:
+        return _json({"status": "ok"})
+
+    async def ready(self, request: Request) -> Response:
+        n = sum(r.healthy for r in self.replicas.replicas)
+        return _json({"ready": n > 0, "healthy_replicas": n}, 200 if n else 503)
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(self.metrics.render(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def replica_list(self, request: Request) -> Response:
+        out = [{**r.as_json(), "index": self.events.status(r.id)} for r in self.replicas.replicas]
+        return _json({"policy": self.proxy.policy.name, "mode": self.mode, "replicas": out})
+
+    async def index_lookup(self, request: Request) -> Response:
+        """Where the index believes a body's prefix lives (the same chain and lookup as routing).
+
+        ``?endpoint=completions`` for a completions body; chat by default. Read-only.
+        """
+        endpoint: Endpoint = (
+            "completions" if request.query_params.get("endpoint") == "completions" else "chat"
+        )
+        parsed = parse_request(endpoint, await request.body(), None)
+        chain = self.locator.chain(parsed)
+        found = await self.locator.residency(chain)
+        return _json({"chain_blocks": len(chain), "block_tokens": found.block_tokens,
+                      "gpu": dict(found.gpu), "pool": found.pool})
+
+    async def policy(self, request: Request) -> Response:
+        return _json(self.proxy.policy.describe())
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/ready", self.ready, methods=["GET"]),
+            Route("/metrics", self.metrics_text, methods=["GET"]),
+            Route("/replicas", self.replica_list, methods=["GET"]),
+            Route("/index/lookup", self.index_lookup, methods=["POST"]),
+            Route("/policy", self.policy, methods=["GET"]),
+            *admin_routes(self.admin),
+        ]
+
+
+def _error_response(err: LmrouteError) -> Response:
+    """The one place an ``LmrouteError`` becomes a response."""
+    resp = Response(err.body(), status_code=err.status, media_type="application/json")
+    if err.request_id:
+        resp.headers["x-request-id"] = err.request_id
+    return resp
+
+
+async def _on_lmroute_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, LmrouteError)
+    return _error_response(exc)
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return _error_response(NotFound(f"no route {request.method} {request.url.path}"))
+    return _error_response(BadRequest(str(exc.detail), code=str(exc.status_code),
+                                      status=exc.status_code))
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> Response:
+    # The one top-level catch-all: a bug must still answer OpenAI-shaped JSON.
+    return _error_response(LmrouteError(f"internal router error: {exc!r}", code="internal"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(HTTPException, _on_http_error)
+    app.add_exception_handler(LmrouteError, _on_lmroute_error)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,55 @@
+"""Package boundaries: what imports what, each check in a fresh interpreter."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _imported(path: Path) -> set[str]:
+    """Top-level packages a module imports (anywhere in it, lazily or not)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_policies_import_neither_router_nor_sim() -> None:
+    for path in sorted((ROOT / "policies").rglob("*.py")):
+        assert not _imported(path) & {"router", "sim"}, path
+    loaded = _run(
+        "import pkgutil, sys, importlib, policies\n"
+        "for m in pkgutil.walk_packages(policies.__path__, 'policies.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "print(' '.join(sorted({n.split('.')[0] for n in sys.modules})))")
+    assert not {"router", "sim"} & set(loaded.split())
+
+
+def test_only_the_cli_imports_sim() -> None:
+    importers = [path.relative_to(ROOT).as_posix()
+                 for path in sorted((ROOT / "router").rglob("*.py")) if "sim" in _imported(path)]
+    assert importers == ["router/cli.py"]
+
+
+def test_a_default_router_loads_no_heavy_or_optional_package() -> None:
+    loaded = _run(
+        "import sys\n"
+        "import router.app\n"
+        "from router.settings import Settings\n"
+        "router.app.create_app(Settings(backends=('http://127.0.0.1:9',)))\n"
+        "print(' '.join(sorted({n.split('.')[0] for n in sys.modules})))")
+    assert not {"numpy", "scipy", "matplotlib", "redis", "sim", "httpx"} & set(loaded.split())
