@@ -14,10 +14,13 @@ forwarder:
 - ``served(session, chain, replica)``: after a successful reply the serving replica's GPU now
   holds the prefix (unless ``precise(replica)``: that replica's KV events are flowing and
   are the truth about its GPU, a guess would only add false hits), and with
-  ``pool_write_through`` (LMCache's default store-on-prefill) so does the shared pool.
-  Recorded in a background task: the client never waits on it.
-- ``last_replica(session)``: the replica that last served a session (bounded LRU), which
-  policies use to keep sessions in place (hysteresis).
+  ``pool_write_through`` (LMCache's default store-on-prefill) so does the shared pool
+  (``served_writes``). Recorded in a background task: the client never waits on it.
+- ``last_replica(session)``: the replica that last served a session (``SessionMemory``, a
+  bounded LRU), which policies use to keep sessions in place (hysteresis).
+
+``served_writes`` and ``SessionMemory`` are synchronous and free of I/O, so the simulator
+(sim/des/cluster.py) keeps its router-side view with exactly this code.
 - ``replica_health_changed(replica, healthy)``: an ejected replica's GPU entries are
   forgotten (it is assumed restarted when it comes back).
 
@@ -48,6 +51,34 @@ def capacity_from_bytes(gpu_kv_bytes: int, pool_bytes: int, block_tokens: int,
                          pool_blocks=max(1, pool_bytes // block_bytes))
 
 
+def served_writes(replica: ReplicaId, *, precise: bool,
+                  pool_write_through: bool) -> list[tuple[Tier, ReplicaId | None]]:
+    """The index writes a successful reply implies: (tier, replica or None for the pool)."""
+    writes: list[tuple[Tier, ReplicaId | None]] = []
+    if not precise:
+        writes.append((Tier.GPU, replica))
+    if pool_write_through:
+        writes.append((Tier.POOL, None))
+    return writes
+
+
+class SessionMemory:
+    """The replica that last served each session, least recently served dropped first."""
+
+    def __init__(self, max_sessions: int = 200_000) -> None:
+        self._sessions: OrderedDict[str, ReplicaId] = OrderedDict()
+        self._max_sessions = max_sessions
+
+    def remember(self, session: str, replica: ReplicaId) -> None:
+        self._sessions[session] = replica
+        self._sessions.move_to_end(session)
+        if len(self._sessions) > self._max_sessions:
+            self._sessions.popitem(last=False)
+
+    def last(self, session: str) -> ReplicaId | None:
+        return self._sessions.get(session)
+
+
 class Locator:
     """The request path's view of the prefix index."""
 
@@ -64,8 +95,7 @@ class Locator:
         self.block_bytes = block_bytes
         self.pool_write_through = pool_write_through
         self._clock = clock
-        self._sessions: OrderedDict[str, ReplicaId] = OrderedDict()
-        self._max_sessions = max_sessions
+        self.sessions = SessionMemory(max_sessions)
         self._pending: set[asyncio.Task[None]] = set()
 
     def chain(self, parsed: ParsedRequest) -> list[BlockKey]:
@@ -94,13 +124,10 @@ class Locator:
         return found
 
     def last_replica(self, session: str) -> ReplicaId | None:
-        return self._sessions.get(session)
+        return self.sessions.last(session)
 
     def served(self, session: str, chain: list[BlockKey], replica: ReplicaId) -> None:
-        self._sessions[session] = replica
-        self._sessions.move_to_end(session)
-        if len(self._sessions) > self._max_sessions:
-            self._sessions.popitem(last=False)
+        self.sessions.remember(session, replica)
         if chain:
             self._background(self._record(chain, replica))
 
@@ -116,11 +143,11 @@ class Locator:
             self._background(self.forget(replica))
 
     async def _record(self, chain: list[BlockKey], replica: ReplicaId) -> None:
+        writes = served_writes(replica, precise=self.precise(replica),
+                               pool_write_through=self.pool_write_through)
         try:
-            if not self.precise(replica):
-                await self.index.record(chain, Tier.GPU, replica)
-            if self.pool_write_through:
-                await self.index.record(chain, Tier.POOL)
+            for tier, holder in writes:
+                await self.index.record(chain, tier, holder)
         except IndexUnavailable:
             self.metrics.index_error("record")
 

@@ -3,18 +3,18 @@
 What a policy sees is built the way ``router/`` builds it, not read from the models:
 
 - residency: a ``router.index.memory.MemoryIndex`` (the router's embedded index) that is
-  written only when a request completes, with the writes ``router.locator.Locator.served``
-  makes (without KV events): the chain on the serving replica's GPU, and in the pool when
-  the pool is on (LMCache's write-through). ``Locator.served`` itself is not called: it
-  schedules the write as an asyncio task and needs the router's metrics, and this loop is
-  synchronous, so ``complete`` makes the same two ``record_now`` calls. The index
-  therefore lags the models (a prefix is usable from the first token but known only after
-  the last), never learns of evictions except by its own LRU bound, and keeps believing
-  in a GPU cache an engine restart has emptied.
+  written only when a request completes, with the writes ``router.locator.served_writes``
+  gives ``Locator.served`` (without KV events): the chain on the serving replica's GPU,
+  and in the pool when the pool is on (LMCache's write-through). The router schedules
+  them as an asyncio task; this loop is synchronous, so it applies them with
+  ``record_now``. The index therefore lags the models (a prefix is usable from the first
+  token but known only after the last), never learns of evictions except by its own LRU
+  bound, and keeps believing in a GPU cache an engine restart has emptied.
 - ``ReplicaView.in_flight``: the simulated router's count of requests it has outstanding;
   ``waiting``/``running``/``kv_usage``: the engine's metrics read from the model at
   decision time (the router scrapes them; scrape staleness is not modelled).
-- ``last_replica``: the replica that last completed a request of the session.
+- ``last_replica``: the replica that last completed a request of the session
+  (``router.locator.SessionMemory``, the router's own bounded LRU).
 
 ``oracle=True`` swaps the residency source for the models' actual caches (ground truth,
 as of the decision time): an upper bound to report beside the real policy, never a policy
@@ -27,9 +27,9 @@ Parameters: ``profile``, ``replicas`` (count; ids ``r0``..), ``pool_on``, ``pool
 
 from __future__ import annotations
 
-from policies.base import ReplicaView, RequestView, Residency, Tier
+from policies.base import ReplicaView, RequestView, Residency
 from router.index.memory import MemoryIndex
-from router.locator import capacity_from_bytes
+from router.locator import SessionMemory, capacity_from_bytes, served_writes
 from sim.des.loop import EventLoop
 from sim.des.workload import SimRequest
 from sim.replica.model import ReplicaModel, ReplicaRequest, Timeline
@@ -55,7 +55,7 @@ class Cluster:
                                        profile.chunk_tokens, profile.bytes_per_token)
         self.index = MemoryIndex(capacity, clock=self.loop.clock, block_tokens=profile.chunk_tokens)
         self.in_flight = dict.fromkeys(self.ids, 0)
-        self._last: dict[str, str] = {}
+        self.sessions = SessionMemory()
 
     @property
     def pool_on(self) -> bool:
@@ -79,7 +79,7 @@ class Cluster:
             request_id=request.request_id, model="sim", session=request.session,
             stream=True, prompt_tokens=request.prompt_tokens, max_tokens=request.output_tokens,
             residency=self.residency(request.chain, now),
-            last_replica=self._last.get(request.session), now=now)
+            last_replica=self.sessions.last(request.session), now=now)
 
     def replica_views(self, now: float) -> list[ReplicaView]:
         return [
@@ -98,8 +98,8 @@ class Cluster:
     def complete(self, request: SimRequest, replica: str) -> None:
         """The reply ended: what ``Proxy._finished`` and ``Locator.served`` record."""
         self.in_flight[replica] -= 1
-        self._last[request.session] = replica
+        self.sessions.remember(request.session, replica)
         if request.chain:
-            self.index.record_now(request.chain, Tier.GPU, replica)
-            if self.pool.enabled:
-                self.index.record_now(request.chain, Tier.POOL)
+            for tier, holder in served_writes(replica, precise=False,
+                                              pool_write_through=self.pool.enabled):
+                self.index.record_now(request.chain, tier, holder)

@@ -36,13 +36,13 @@ links it to the block before it.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import xxhash
 
+from router.prefix import pack_token_ids
 from sim.emulator.kv_events import Event, KvEventPublisher, block_removed, block_stored
 from sim.replica.gpu_cache import BlockKey
 from sim.replica.model import ReplicaModel, ReplicaRequest, Timeline
@@ -87,7 +87,7 @@ class ConstantEngine:
 
 def block_hashes(token_ids: Sequence[int], block_size: int, root: int) -> list[int]:
     """Chained xxh3-64 of each full block of ``block_size`` token ids (see module doc)."""
-    data = array("I", token_ids).tobytes()
+    data = pack_token_ids(token_ids)
     step = 4 * block_size
     out: list[int] = []
     parent = root

@@ -15,10 +15,11 @@ property a shared-cache validation tool checks.
 from __future__ import annotations
 
 import random
-from array import array
 from typing import Any
 
 import xxhash
+
+from router.prefix import pack_token_ids
 
 VOCAB = 32_000
 BYTES_PER_TOKEN = 4
@@ -71,6 +72,6 @@ def prompt_token_ids(endpoint: str, body: dict[str, Any]) -> list[int]:
 
 def reply_words(token_ids: list[int], n: int, salt: int = 0) -> list[str]:
     """``n`` reply pieces, a pure function of the prompt ids and ``salt``."""
-    seed = xxhash.xxh3_64_intdigest(array("I", token_ids).tobytes(), seed=salt)
+    seed = xxhash.xxh3_64_intdigest(pack_token_ids(token_ids), seed=salt)
     rng = random.Random(seed)
     return [(" " if i else "") + rng.choice(_WORDS) for i in range(n)]
