@@ -93,6 +93,7 @@ def match_rate(residency: Residency, replica: str, prompt_tokens: int) -> float:
 
 class AffinityWindow(BasePolicy):
     name: ClassVar[str] = "affinity_window"
+    config_cls: ClassVar[type[AffinityWindowConfig]] = AffinityWindowConfig
 
     def __init__(self, config: AffinityWindowConfig | None = None) -> None:
         self.config = config or AffinityWindowConfig()

@@ -78,6 +78,7 @@ class LoadAwareConfig:
 
 class LoadAware(BasePolicy):
     name: ClassVar[str] = "load_aware"
+    config_cls: ClassVar[type[LoadAwareConfig]] = LoadAwareConfig
 
     def __init__(self, config: LoadAwareConfig | None = None) -> None:
         self.config = config or LoadAwareConfig()

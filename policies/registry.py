@@ -16,17 +16,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from policies.affinity_window import AffinityWindow
 from policies.alternating import Alternating
 from policies.base import BasePolicy, Policy
 from policies.fixed import Fixed
 from policies.least_loaded import LeastLoaded
+from policies.load_aware import LoadAware
 from policies.locality import Locality
 from policies.prefix_affinity import PrefixAffinity
 from policies.round_robin import RoundRobin
 from policies.split import Split
 
 POLICY_CLASSES: tuple[type[BasePolicy], ...] = (
-    RoundRobin, LeastLoaded, Fixed, Alternating, PrefixAffinity, Locality, Split,
+    RoundRobin, LeastLoaded, Fixed, Alternating, PrefixAffinity, AffinityWindow, LoadAware,
+    Locality, Split,
 )
 _BY_NAME: dict[str, type[BasePolicy]] = {cls.name: cls for cls in POLICY_CLASSES}
 

@@ -290,7 +290,8 @@ def _add_sim(sub: Any) -> None:
     p.add_argument("--replicas", type=int, default=None,
                    help="replicas (load, pool-pressure: 4; trace: 8; study scenarios: 2)")
     p.add_argument("--policy", action="append", default=None,
-                   help="policy name, repeatable; NAME+oracle for the ground-truth twin")
+                   help="policy, repeatable: NAME or NAME@KEY=VALUE (e.g. locality@prior=F.toml); "
+                        "+oracle: ground-truth residency; +oracle-prior: the profile as prior")
     p.add_argument("--oracle", action="store_true", help="add a +oracle twin of every policy")
     p.add_argument("--seed", type=int, default=0)
     _add_outputs(p, "result document")

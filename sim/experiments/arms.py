@@ -1,10 +1,16 @@
 """Experiment plumbing: arms (policy x pool x residency source), runs, results, progress.
 
-A ``SimArm`` is one policy name, the pool on or off, and the residency source: the router's
-index (the real thing) or, with ``oracle``, the models' caches (an upper bound, labelled
-``NAME+oracle``). Every arm of a comparison replays the same workload: the workload
-factory is called with a fresh ``random.Random(seed)`` per arm (common random numbers), so
-differences come from routing, not from sampling, and measurements pair one to one.
+A ``SimArm`` is one policy (a name, or ``NAME@KEY=VALUE@...`` with options, as in
+``--policy`` of ``lmroute serve``), the pool on or off, and the residency source: the
+router's index (the real thing) or, with ``oracle``, the models' caches (an upper bound,
+labelled ``NAME+oracle``). ``NAME+oracle-prior`` hands the policy the profile's own timings
+as its cost prior (``oracle_prior``): physics and beliefs share a source only there, so an
+experiment says so by name and reports it beside the honest run, whose prior is the
+policy's own (``locality``: the study fit, or ``@prior=PATH``).
+
+Every arm of a comparison replays the same workload: the workload factory is called
+with a fresh ``random.Random(seed)`` per arm (common random numbers), so differences come
+from routing, not from sampling, and measurements pair one to one.
 
 ``Result`` is the JSON contract: ``scenario``, ``params``, ``rows`` (flat records with at
 least policy, pool, n and the TTFT quantiles), and for ``study`` ``comparisons``.
@@ -16,16 +22,20 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from policies.base import Policy
+from policies.cost import CostParams
 from policies.registry import create, names
+from policies.split import parse_policy_ref
 from sim.des.cluster import Cluster
 from sim.des.simulation import Record, Run
 from sim.des.workload import Workload
 from sim.replica.profiles import Profile
 
 ORACLE_SUFFIX = "+oracle"
+ORACLE_PRIOR_SUFFIX = "+oracle-prior"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,22 +43,36 @@ class SimArm:
     policy: str
     pool_on: bool
     oracle: bool = False
+    oracle_prior: bool = False
 
     @property
     def label(self) -> str:
-        return self.policy + (ORACLE_SUFFIX if self.oracle else "")
+        return (self.policy + (ORACLE_PRIOR_SUFFIX if self.oracle_prior else "")
+                + (ORACLE_SUFFIX if self.oracle else ""))
 
     @property
     def pool(self) -> str:
         return "on" if self.pool_on else "off"
 
 
-def parse_policy(name: str) -> tuple[str, bool]:
-    """``NAME`` or ``NAME+oracle`` -> (registered name, oracle); unknown names raise."""
-    oracle = name.endswith(ORACLE_SUFFIX)
-    base = name[: -len(ORACLE_SUFFIX)] if oracle else name
-    create(base)  # raises UnknownPolicy with the known names
-    return base, oracle
+def oracle_prior(profile: Profile) -> CostParams:
+    """The profile's timings as a cost prior: what a policy would believe if it knew the physics."""
+    return CostParams(
+        prefill_fixed_s=profile.prefill_fixed_s, prefill_token_s=profile.prefill_token_s,
+        prefill_token2_s=profile.prefill_token2_s, load_fixed_s=profile.load_fixed_s,
+        load_token_s=profile.bytes_per_token / profile.load_bytes_per_s,
+        name=f"{profile.name} (oracle)", source="profile")
+
+
+def parse_policy(text: str) -> SimArm:
+    """``NAME[@K=V...][+oracle-prior][+oracle]`` -> a pool-less ``SimArm``; bad names raise."""
+    oracle = text.endswith(ORACLE_SUFFIX) and not text.endswith(ORACLE_PRIOR_SUFFIX)
+    rest = text[: -len(ORACLE_SUFFIX)] if oracle else text
+    knows = rest.endswith(ORACLE_PRIOR_SUFFIX)
+    ref = rest[: -len(ORACLE_PRIOR_SUFFIX)] if knows else rest
+    name, options = parse_policy_ref(ref)
+    create(name, options)  # raises UnknownPolicy / BadPolicyOptions, naming what is known
+    return SimArm(ref, False, oracle, knows)
 
 
 def arms(policies: Sequence[str] | None, pools: Iterable[bool] = (False, True),
@@ -56,8 +80,16 @@ def arms(policies: Sequence[str] | None, pools: Iterable[bool] = (False, True),
     """Every policy (default: all registered) under every pool setting; ``oracle`` adds twins."""
     chosen = [parse_policy(p) for p in (policies or names())]
     if oracle:
-        chosen += [(p, True) for p, o in chosen if not o]
-    return [SimArm(p, pool, o) for pool in pools for p, o in chosen]
+        chosen += [replace(a, oracle=True) for a in chosen if not a.oracle]
+    return [replace(a, pool_on=pool) for pool in pools for a in chosen]
+
+
+def make_policy(arm: SimArm, profile: Profile) -> Policy:
+    """A fresh policy for ``arm``; its prior is its own unless the arm is ``+oracle-prior``."""
+    name, options = parse_policy_ref(arm.policy)
+    if arm.oracle_prior:
+        options["prior"] = oracle_prior(profile)
+    return create(name, options)
 
 
 class Progress(Protocol):
@@ -109,7 +141,7 @@ def run_arm(profile: Profile, replicas: int, arm: SimArm,
     load = workload(random.Random(seed))
     # CPU time of this process: a measure of the simulator's own cost, not an input to it.
     t0 = time.process_time()
-    records = Run(cluster, create(arm.policy), load, arm.label).execute()
+    records = Run(cluster, make_policy(arm, profile), load, arm.label).execute()
     return ArmRecords(arm, records, cluster.loop.handled, time.process_time() - t0)
 
 
