@@ -53,3 +53,23 @@ def test_a_default_router_loads_no_heavy_or_optional_package() -> None:
         "router.app.create_app(Settings(backends=('http://127.0.0.1:9',)))\n"
         "print(' '.join(sorted({n.split('.')[0] for n in sys.modules})))")
     assert not {"numpy", "scipy", "matplotlib", "redis", "sim", "httpx"} & set(loaded.split())
+
+
+def _sim_layers(path: Path) -> set[str]:
+    """The sim sub-packages a module imports (``sim.des.loop`` -> ``des``)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+        out.update(n.split(".")[1] for n in names if n.startswith("sim.") and n.count(".") >= 1)
+    return out
+
+
+def test_sim_depends_one_way() -> None:
+    """experiments -> des / emulator -> replica: no layer imports one above or beside it."""
+    allowed = {"replica": {"replica"}, "des": {"des", "replica"},
+               "emulator": {"emulator", "replica"},
+               "experiments": {"experiments", "des", "emulator", "replica"}}
+    for layer, may in allowed.items():
+        for path in sorted((ROOT / "sim" / layer).rglob("*.py")):
+            assert _sim_layers(path) <= may, (path, _sim_layers(path) - may)
