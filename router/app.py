@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from policies import registry
 from policies.base import Policy
-from policies.split import Split, parse_policy_ref
+from policies.split import parse_policy_ref
 from router.admin import PolicyAdmin
 from router.events import EngineEvents, KvIngest, parse_sources
 from router.index import PrefixIndex, open_index
@@ -34,10 +34,11 @@ Clock = Callable[[], float]
 
 
 def _policy(settings: Settings) -> tuple[str, dict[str, Any], Policy]:
-    """``--policy NAME[@KEY=VALUE...]``; ``split`` takes its arms from ``--split``."""
+    """``--policy NAME[@KEY=VALUE...]``; ``--split S`` is ``@spec=S`` (the split policy's arms:
+    any other policy rejects the option, so a stray ``--split`` is an error, not ignored)."""
     name, options = parse_policy_ref(settings.policy)
-    if name == Split.name and settings.split:
-        options = {"spec": settings.split}
+    if settings.split:
+        options = {**options, "spec": settings.split}
     return name, options, registry.create(name, options)
 
 

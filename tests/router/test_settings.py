@@ -37,3 +37,16 @@ def test_json_config_and_errors(tmp_path: Path) -> None:
         load_settings({}, {}, cfg)
     with pytest.raises(SettingsError, match="port"):
         load_settings({}, {"LMROUTE_PORT": "eighty"})
+
+
+def test_split_setting_is_the_split_policys_spec() -> None:
+    from policies.registry import BadPolicyOptions
+    from router.app import create_app
+
+    backends = ("http://127.0.0.1:9", "http://127.0.0.1:10")
+    app = create_app(Settings(backends=backends, policy="split",
+                              split="A=fixed:50,B=round_robin:50"))
+    assert app is not None
+    # A --split beside a policy that is not a split is a mistake to report, not to ignore.
+    with pytest.raises(BadPolicyOptions, match="spec"):
+        create_app(Settings(backends=backends, policy="locality", split="A=fixed:50,B=round_robin:50"))
