@@ -4,8 +4,10 @@ Run: ``.venv/bin/python bench/locality_sim.py`` (defaults: 4 replicas, loads 1-1
 min/replica, seeds 0-4, pool off and on, 2 worker processes; ~4 CPU minutes). Writes
 ``docs/locality-sim.json`` and ``docs/locality-sim.png``; prints a markdown summary.
 
-Each (seed, load) point is ``sim.scenarios.load`` with that one load: every policy replays
-the same seeded workload (common random numbers), so a seed's policies pair one to one.
+Each (seed, load) point is ``sim.experiments.scenarios.load`` with that one load: every
+registered policy (``policies.registry.names()``, so ``affinity_window`` and ``load_aware``
+too; docs/locality.md's run predates them) replays the same seeded workload (common random
+numbers), so a seed's policies pair one to one.
 For each pool setting, load and metric (mean and p90 TTFT of the measured requests):
 
 - ``best``: the baseline (every policy but ``locality``) with the lowest across-seed mean;
