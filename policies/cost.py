@@ -36,10 +36,11 @@ from typing import Any
 PRIOR_KEYS = frozenset({
     "name", "chunk_tokens", "bytes_per_token", "gpu_kv_bytes", "pool_bytes",
     "prefill_fixed_s", "prefill_token_s", "prefill_token2_s", "load_fixed_s",
-    "load_bytes_per_s", "store_bytes_per_s", "tpot_s", "tpot_context_s",
+    "load_bytes_per_s", "store_bytes_per_s", "tpot_s", "tpot_context_s", "base",
 })
 # The built-in prior (package data): the study fit of docs/model.md.
-DEFAULT_PRIOR_FILE = Path(__file__).parent / "priors" / "study-27b.toml"
+PRIORS_DIR = Path(__file__).parent / "priors"
+DEFAULT_PRIOR_FILE = PRIORS_DIR / "study-27b.toml"
 
 
 class PriorError(ValueError):
@@ -85,9 +86,12 @@ def _read_prior(text: bytes, where: str, toml: bool) -> dict[str, Any]:
     for key, value in data.items():
         if key not in PRIOR_KEYS:
             raise PriorError(f"{where}: unknown key {key!r}; known: {sorted(PRIOR_KEYS)}")
-        if key == "name":
+        if key in ("name", "base"):
             if not isinstance(value, str):
-                raise PriorError(f"{where}: key 'name' must be a string, not {value!r}")
+                raise PriorError(f"{where}: key {key!r} must be a string, not {value!r}")
+            if key == "base" and not (PRIORS_DIR / f"{value}.toml").is_file():
+                raise PriorError(f"{where}: key 'base' names no built-in prior: {value!r}; "
+                                 f"known: {sorted(p.stem for p in PRIORS_DIR.glob('*.toml'))}")
         elif isinstance(value, bool) or not isinstance(value, int | float) or not (
                 math.isfinite(value) and value >= 0):
             raise PriorError(f"{where}: key {key!r} must be a number >= 0, not {value!r}")
@@ -96,14 +100,17 @@ def _read_prior(text: bytes, where: str, toml: bool) -> dict[str, Any]:
     return data
 
 
-def _default_fields() -> dict[str, Any]:
-    return _read_prior(DEFAULT_PRIOR_FILE.read_bytes(), str(DEFAULT_PRIOR_FILE), toml=True)
+def _builtin_fields(base: str) -> dict[str, Any]:
+    path = PRIORS_DIR / f"{base}.toml"
+    return _read_prior(path.read_bytes(), str(path), toml=True)
 
 
 def load_prior(path: str | Path | None = None) -> CostParams:
     """The prior in a TOML (``.toml``) or JSON file; ``None``: the built-in study fit.
 
-    Fields the file leaves out keep the built-in value; ``load_token_s`` is
+    Fields the file leaves out come from ``base`` (a built-in prior in ``policies/priors/``,
+    default ``study-27b``), so a simulator profile file that inherits from ``study-27b`` reads
+    as a prior too; ``load_token_s`` is
     ``bytes_per_token / load_bytes_per_s``. Raises ``PriorError`` naming the bad key."""
     source = Path(path) if path is not None else DEFAULT_PRIOR_FILE
     try:
@@ -111,7 +118,8 @@ def load_prior(path: str | Path | None = None) -> CostParams:
     except OSError as exc:
         raise PriorError(f"{source}: cannot read it: {exc.strerror or exc}") from None
     own = _read_prior(raw, str(source), toml=source.suffix != ".json")
-    fields = own if path is None else {**_default_fields(), "name": source.stem, **own}
+    base = str(own.get("base", DEFAULT_PRIOR_FILE.stem))
+    fields = own if path is None else {**_builtin_fields(base), "name": source.stem, **own}
     return CostParams(
         prefill_fixed_s=float(fields["prefill_fixed_s"]),
         prefill_token_s=float(fields["prefill_token_s"]),

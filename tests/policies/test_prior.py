@@ -8,7 +8,7 @@ import pytest
 
 from policies import registry
 from policies.base import ReplicaView, RequestView
-from policies.cost import DEFAULT_PRIOR_FILE, STUDY_PRIOR, load_prior
+from policies.cost import DEFAULT_PRIOR_FILE, STUDY_PRIOR, PriorError, load_prior
 
 
 def _predicted(options: dict[str, object]) -> float:
@@ -73,3 +73,16 @@ def test_serve_with_a_bad_prior_exits_2(tmp_path: Path, capsys: pytest.CaptureFi
     code = main(["serve", "--backend", "http://127.0.0.1:9", "--policy",
                  f"locality@prior={path}"])
     assert code == 2 and "unknown key 'nope'" in capsys.readouterr().err
+
+
+def test_a_profile_file_with_a_base_reads_as_a_prior(tmp_path: Path) -> None:
+    path = tmp_path / "my-gpu.toml"
+    path.write_text('base = "study-27b"\nname = "my-gpu"\nprefill_token_s = 6.3e-5\n'
+                    "load_bytes_per_s = 12e9\ngpu_kv_bytes = 34359738368\n")
+    prior = load_prior(path)
+    assert prior.prefill_token_s == 6.3e-5
+    assert prior.load_token_s == pytest.approx(STUDY_PRIOR.load_token_s * 25 / 12)
+    assert prior.prefill_token2_s == STUDY_PRIOR.prefill_token2_s  # from base
+    (tmp_path / "bad.toml").write_text('base = "h100"\n')
+    with pytest.raises(PriorError, match="'base'"):
+        load_prior(tmp_path / "bad.toml")
