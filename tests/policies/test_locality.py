@@ -9,7 +9,7 @@ import pytest
 
 from policies.base import Decision, Outcome, ReplicaView, RequestView, Residency
 from policies.cost import STUDY_PRIOR, Calibration, split_tokens
-from policies.locality import Locality
+from policies.locality import Locality, LocalityConfig
 
 BT = 256  # tokens per index block
 K128 = 128 * 1024
@@ -142,3 +142,55 @@ def test_calibration_does_not_wind_up_on_stale_predictions() -> None:
         cal.update("a", 0.5, 1.0, 3.0 * 1.5)
     predicted = 0.5 * cal.load_scale("a") + 1.0 * cal.prefill_scale("a")
     assert predicted == pytest.approx(4.5, rel=0.05)
+
+
+def test_a_turn_sent_before_its_predecessor_finished_follows_it() -> None:
+    """The router learns a session's replica and prefix only when a reply ends; near
+    saturation the next turn arrives first. The policy's own dispatch log fills the gap."""
+    policy = Locality()
+    policy.dispatched(req("t1", 32_768, session="s"), Decision("b", "miss"))
+    # Turn 2 extends turn 1; the index knows nothing yet, and "a" is idle.
+    d = policy.choose(req("t2", 33_792, session="s", now=1.0), reps("a", "b"))
+    assert (d.replica, d.reason) == ("b", "sticky")
+    est = policy.estimate(req("t2", 33_792, session="s", now=1.0), reps("b")[0])
+    assert est.gpu_tokens == 32_768 and est.new_tokens == 1_024
+    # Once turn 1 is done the index is the truth again (it may since have been evicted).
+    policy.observe(Outcome(req("t1", 32_768, session="s"), Decision("b", "miss"), True,
+                           ttft_s=5.0, total_s=6.0, at=6.0))
+    assert policy.estimate(req("t3", 34_816, session="s", now=7.0), reps("b")[0]).gpu_tokens == 0
+
+
+def _deep_queues(policy: Locality, on_a: int, on_b: int) -> float:
+    """Teach the policy a ~1.3 s service time, then queue 8k prefills on a and b."""
+    t = 0.0
+    for i in range(4):
+        for r in ("a", "b"):
+            q = req(f"w{r}{i}", 8192, session=f"w{r}{i}", now=t)
+            policy.dispatched(q, Decision(r, "miss"))
+            policy.observe(Outcome(q, Decision(r, "miss"), True, ttft_s=1.3,
+                                   phase="first_token", at=t + 1.3))
+            t += 1.3
+    for r, n in (("a", on_a), ("b", on_b)):
+        for i in range(n):
+            policy.dispatched(req(f"q{r}{i}", 8192, session=f"q{r}{i}", now=t), Decision(r, "miss"))
+    return t
+
+
+def test_near_saturation_a_recompute_is_charged_to_the_whole_queue() -> None:
+    """30 prefills queued on a, 12 on b, no pool: moving the session to b saves it ~18 s but
+    adds a 32k recompute that every request queued behind it pays. Charging extra work
+    once (load_aware_work=false) moves it; charging it per queued request keeps it."""
+    blocks = 32_768 // BT
+    decisions = {}
+    for aware in (False, True):
+        policy = Locality(LocalityConfig(load_aware_work=aware))
+        now = _deep_queues(policy, 30, 12)
+        decisions[aware] = policy.choose(req("x", 33_068, gpu={"a": blocks}, last="a", now=now),
+                                         reps("a", "b")).replica
+    assert decisions == {False: "b", True: "a"}
+    # A short queue charges little: the pool still makes a move worth it.
+    policy = Locality()
+    now = _deep_queues(policy, 3, 0)
+    d = policy.choose(req("y", 33_068, gpu={"a": blocks}, pool=blocks, last="a", now=now),
+                      reps("a", "b"))
+    assert (d.replica, d.reason) == ("b", "pool-hit")
