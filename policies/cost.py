@@ -1,6 +1,6 @@
 """The cost model: predicted time to first token of a request on a replica.
 
-    ttft(r) = wait(r) + s_load(r) * pool_load(m) + s_prefill(r) * prefill(c, n)
+    ttft(r) = wait(r) + pool_load(m) + prefill(c, n)        (each term calibrated)
 
 - ``prefill(c, n) = f + a*n + b*((c+n)^2 - c^2)``: ``n`` uncached tokens after ``c``
   cached ones. Linear work per token plus attention against everything before it, so a
@@ -10,10 +10,11 @@
 - ``c`` = the longer of the prefix on r's GPU and the prefix in the pool; ``m`` = the part
   of the pool prefix beyond r's GPU prefix; ``n`` = the rest of the prompt. The engine
   always computes the last prompt token, so ``c <= prompt - 1``.
-- ``wait(r)``: prefill work already admitted ahead of us on r (``PendingWork``).
-- ``s_prefill(r)``, ``s_load(r)``: per-replica calibration factors (``Calibration``), 1.0
-  until observations arrive; they absorb a different GPU, model, or an emulator's time
-  scale without touching the prior.
+- ``wait(r)``: prefill work already admitted ahead of us on r (``policies.locality``'s queue).
+- calibration (``policies.calibration``) scales each of these terms for the fleet, and
+  prefill and load for each replica, from observed service times; 1.0 until observations
+  arrive. It absorbs a different GPU, model, or an emulator's time scale, and a prior
+  wrong in one term, without touching the prior.
 
 The prior is the policy's belief, read from a prior file (``load_prior``: the keys of a
 simulator profile, of which only the timing fields are read). ``STUDY_PRIOR`` comes from
@@ -28,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,14 @@ class CostParams:
 
     def pool_load_s(self, tokens: int) -> float:
         return 0.0 if tokens <= 0 else self.load_fixed_s + tokens * self.load_token_s
+
+    def terms(self, cached: int, new: int, loaded: int) -> tuple[float, float, float, float]:
+        """The prediction's parts, seconds: prefill fixed, linear, attention; pool load.
+        ``prefill_s(cached, new) + pool_load_s(loaded)`` is their sum."""
+        total = cached + new
+        attention = self.prefill_token2_s * (total * total - cached * cached) if new > 0 else 0.0
+        linear = self.prefill_token_s * new if new > 0 else 0.0
+        return self.prefill_fixed_s, linear, attention, self.pool_load_s(loaded)
 
 
 def _read_prior(text: bytes, where: str, toml: bool) -> dict[str, Any]:
@@ -157,75 +166,3 @@ def split_tokens(prompt: int, gpu: int, pool: int) -> tuple[int, int, int]:
     g = min(gpu, cap)
     c = min(max(g, pool), cap)
     return g, c - g, prompt - c
-
-
-@dataclass(slots=True)
-class Calibration:
-    """Multiplicative corrections to the prior, learned online from observed service times.
-
-    An observation is a service time (pool load + prefill, no queueing) on a replica;
-    its residual is ``r = log(observed / predicted)`` with the factors as they are now.
-    Factors: ``exp(G + P_r)`` for prefill and ``exp(G + L_r)`` for pool loads.
-
-    - ``G``, the fleet's scale (another GPU or model than the prior's, or an emulator's
-      time scale), is the running mean of ``r`` over the first ``warmup`` observations,
-      then an EWMA with step ``alpha / 2``.
-    - ``P_r`` and ``L_r``, one replica's deviation from the fleet, follow an EWMA with
-      step ``alpha / 2`` split by each part's share of the predicted service time, so
-      pool hits teach pool bandwidth and misses prefill throughput; they are bounded by
-      ``±log(max_deviation)``. The bound matters: a replica whose first replies were slow
-      would otherwise look slow for good, get no traffic, and never be corrected.
-
-    Residuals are clipped to ``±log(clip)`` after warm-up, so one outlier moves little.
-    Residuals use the current factors, not the ones of the prediction at dispatch: with a
-    long queue many requests are in flight between a prediction and its observation, and
-    correcting each stale prediction in full would integrate one error many times over
-    (wind-up; the simulator showed factors diverging at overload before this was fixed).
-    """
-
-    alpha: float = 0.2
-    warmup: int = 3
-    clip: float = 4.0
-    max_deviation: float = 2.0
-    log_global: float = 0.0
-    observations: int = 0
-    log_prefill: dict[str, float] = field(default_factory=dict)
-    log_load: dict[str, float] = field(default_factory=dict)
-    count: dict[str, int] = field(default_factory=dict)
-
-    def prefill_scale(self, replica: str) -> float:
-        return math.exp(self.log_global + self.log_prefill.get(replica, 0.0))
-
-    def load_scale(self, replica: str) -> float:
-        return math.exp(self.log_global + self.log_load.get(replica, 0.0))
-
-    def update(self, replica: str, prior_load_s: float, prior_prefill_s: float,
-               observed_s: float) -> float | None:
-        """Fold one observed service time in; returns the residual it carried."""
-        load = prior_load_s * self.load_scale(replica)
-        prefill = prior_prefill_s * self.prefill_scale(replica)
-        service = load + prefill
-        if service <= 0 or observed_s <= 0:
-            return None
-        r = math.log(observed_s / service)
-        self.observations += 1
-        self.count[replica] = self.count.get(replica, 0) + 1
-        if self.observations <= self.warmup:
-            self.log_global += r / self.observations
-            return r
-        r = max(-math.log(self.clip), min(math.log(self.clip), r))
-        step = self.alpha / 2
-        self.log_global += step * r
-        bound = math.log(self.max_deviation)
-        share_load = load / service
-        for table, share in ((self.log_prefill, 1.0 - share_load), (self.log_load, share_load)):
-            value = table.get(replica, 0.0) + step * share * r
-            table[replica] = max(-bound, min(bound, value))
-        return r
-
-    def as_json(self) -> dict[str, object]:
-        replicas = sorted(self.count)
-        return {"fleet_scale": math.exp(self.log_global), "observations": self.observations,
-                "replicas": {rid: {"prefill_scale": self.prefill_scale(rid),
-                                   "load_scale": self.load_scale(rid),
-                                   "observations": self.count[rid]} for rid in replicas}}

@@ -42,10 +42,11 @@ Reasons: ``sticky`` (kept on the session's replica), ``gpu-hit`` / ``pool-hit`` 
 the most cached tokens: load won over locality), ``failover`` (the session's replica is
 gone or failed this request).
 
-Calibration: each first token gives an observed service time, ``first token - max(its
-dispatch, r's previous first token)`` (FIFO), which updates per-replica prefill and
-pool-load factors (``Calibration``), so the prior (the study's H200 fit) adapts to the
-hardware or an emulator's time scale. ``choose`` is pure: time comes from
+Calibration (``policies.calibration``): each first token gives an observed service time,
+``first token - max(its dispatch, r's previous first token)`` (FIFO), which updates the
+fleet's factor on each term of the cost model and each replica's bounded deviation, so the
+prior (the study fit) adapts to the hardware, a prior wrong in one term, or an emulator's
+time scale. ``choose`` is pure: time comes from
 ``RequestView.now``.
 """
 
@@ -56,7 +57,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from policies.base import BasePolicy, Decision, Outcome, ReplicaView, RequestView
-from policies.cost import STUDY_PRIOR, Calibration, CostParams, Estimate, split_tokens
+from policies.calibration import Calibration
+from policies.cost import STUDY_PRIOR, CostParams, Estimate, split_tokens
 from policies.hashing import rendezvous_rank
 
 
@@ -153,7 +155,8 @@ class Locality(BasePolicy):
                                       max(res.gpu_blocks(replica.id) * bt,
                                           self._sessions.coming(request.session, replica.id)),
                                       res.pool * bt)
-        prior = self.config.prior
+        load_s, prefill_s = self.calibration.predict(
+            replica.id, self.config.prior.terms(gpu + load, new, load))
         queue = self._queues.get(replica.id)
         wait = queue.wait(request.now) if queue is not None else 0.0
         # vLLM's "waiting" excludes the request being prefilled (our queue's head).
@@ -163,8 +166,8 @@ class Locality(BasePolicy):
         return Estimate(
             replica=replica.id,
             wait_s=wait,
-            load_s=prior.pool_load_s(load) * self.calibration.load_scale(replica.id),
-            prefill_s=prior.prefill_s(gpu + load, new) * self.calibration.prefill_scale(replica.id),
+            load_s=load_s,
+            prefill_s=prefill_s,
             gpu_tokens=gpu,
             pool_tokens=load,
             new_tokens=new,
@@ -247,10 +250,9 @@ class Locality(BasePolicy):
         prev = self._service_mean.get(est.replica)
         self._service_mean[est.replica] = service if prev is None else 0.8 * prev + 0.2 * service
         if self.config.calibrate:
-            prior = self.config.prior
-            self.calibration.update(
-                est.replica, prior.pool_load_s(est.pool_tokens),
-                prior.prefill_s(est.gpu_tokens + est.pool_tokens, est.new_tokens), service)
+            terms = self.config.prior.terms(est.gpu_tokens + est.pool_tokens, est.new_tokens,
+                                            est.pool_tokens)
+            self.calibration.update(est.replica, terms, service)
 
     def describe(self) -> dict[str, Any]:
         return {

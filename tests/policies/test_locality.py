@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
 from policies.base import Decision, Outcome, ReplicaView, RequestView, Residency
-from policies.cost import STUDY_PRIOR, Calibration, split_tokens
+from policies.cost import STUDY_PRIOR, split_tokens
 from policies.locality import Locality, LocalityConfig
 
 BT = 256  # tokens per index block
@@ -111,37 +110,6 @@ def test_observe_releases_the_replica_and_calibrates() -> None:
                                                    rel=0.05)
     assert policy.estimate(req("q", 10, now=10.0), reps("a")[0]).wait_s == 0.0
     assert json.dumps(policy.describe())
-
-
-def test_calibration_learns_parts_separately_after_warmup() -> None:
-    cal = Calibration(alpha=0.5, warmup=1)
-    cal.update("a", 0.0, 10.0, 10.0)  # warm-up: the prior was right
-    for _ in range(100):  # misses as predicted; pool loads take 1.8x the prior
-        cal.update("a", 0.0, 10.0, 10.0)
-        cal.update("a", 1.0, 0.1, 1.8 * 1.0 + 0.1)
-    assert cal.load_scale("a") == pytest.approx(1.8, rel=0.15)
-    assert cal.prefill_scale("a") == pytest.approx(1.0, rel=0.15)
-    # A replica never seen starts from the fleet's scale, without "a"'s deviations.
-    assert cal.load_scale("new") < cal.load_scale("a")
-
-
-def test_one_slow_start_does_not_exile_a_replica() -> None:
-    cal = Calibration(warmup=1, max_deviation=2.0)
-    cal.update("a", 0.0, 1.0, 1.0)
-    for _ in range(50):
-        cal.update("b", 0.0, 1.0, 100.0)  # b's first replies were very slow
-    assert cal.prefill_scale("b") / math.exp(cal.log_global) <= 2.0 + 1e-9
-
-
-def test_calibration_does_not_wind_up_on_stale_predictions() -> None:
-    """Many observations of predictions made before the last correction: no overshoot."""
-    cal = Calibration(alpha=0.2, warmup=3)
-    for _ in range(3):
-        cal.update("a", 0.0, 1.0, 1.0)
-    for _ in range(200):  # the truth is 3x the prior, observed through a long queue
-        cal.update("a", 0.5, 1.0, 3.0 * 1.5)
-    predicted = 0.5 * cal.load_scale("a") + 1.0 * cal.prefill_scale("a")
-    assert predicted == pytest.approx(4.5, rel=0.05)
 
 
 def test_a_turn_sent_before_its_predecessor_finished_follows_it() -> None:

@@ -47,7 +47,13 @@ def test_prefix_affinity_follows_the_prefix_across_routers(start_servers, redis_
         assert r.status_code == 200
         assert r.headers["x-lmroute-reason"] == "miss"
         first[i] = r.headers["x-lmroute-replica"]
-    time.sleep(0.3)  # records are written in the background after each reply
+    # Records are written in the background after each reply: wait until the shared
+    # index has them (asked through router a, so b's lookup counters stay b's own).
+    deadline = time.monotonic() + 10
+    for doc in DOCS:
+        while not httpx.post(a.url + "/index/lookup", json=turn(doc, 1)).json()["gpu"]:
+            assert time.monotonic() < deadline, "the index never learnt the first turns"
+            time.sleep(0.02)
     for i, doc in enumerate(DOCS):
         # Another router, another session id: only the shared index can know the prefix.
         r = httpx.post(b.url + "/v1/chat/completions", json=turn(doc, 1),

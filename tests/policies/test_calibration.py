@@ -1,0 +1,85 @@
+"""Calibration: per-term fleet factors and bounded per-replica deviations, learned online."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from policies.calibration import Calibration, Terms
+from policies.cost import STUDY_PRIOR
+
+MISS: Terms = (0.25, 1.0, 0.1, 0.0)      # a cold prefill: fixed, linear, attention
+HIT: Terms = (0.25, 0.02, 0.01, 0.3)     # a pool hit: mostly load
+TRUE = (1.0, 1.0, 1.0, 1.8)              # pool loads take 1.8x the prior, the rest as believed
+
+
+def truth(terms: Terms, factors: tuple[float, ...] = TRUE) -> float:
+    return sum(f * t for f, t in zip(factors, terms, strict=True))
+
+
+def predicted(cal: Calibration, replica: str, terms: Terms) -> float:
+    return sum(cal.predict(replica, terms))
+
+
+def test_learns_the_term_that_is_wrong() -> None:
+    rng = random.Random(1)
+    cal = Calibration()
+    for _ in range(200):  # cold prefills and pool hits of many sizes: every term is seen
+        miss = STUDY_PRIOR.terms(0, rng.randrange(1_000, 64_000), 0)
+        loaded = rng.randrange(1_000, 64_000)
+        hit = STUDY_PRIOR.terms(loaded, rng.randrange(50, 500), loaded)
+        cal.update("a", miss, truth(miss))
+        cal.update("a", hit, truth(hit))
+    assert cal.term_scale[3] == pytest.approx(1.8, rel=0.1)
+    assert predicted(cal, "a", MISS) == pytest.approx(truth(MISS), rel=0.03)
+    assert predicted(cal, "a", HIT) == pytest.approx(truth(HIT), rel=0.03)
+    assert cal.error() < 0.05
+
+
+def test_a_prior_wrong_in_one_term_does_not_split_the_fleet() -> None:
+    """The fixed part is 3x the prior's. Replica a serves short cache hits, b long cold
+    prefills: a single scale would make a look slow and b fast (or the reverse) and the
+    per-replica factors would absorb the error; per-term factors leave both at ~1."""
+    rng = random.Random(0)
+    cal = Calibration()
+    factors = (3.0, 1.0, 1.0, 1.0)
+    for _ in range(300):
+        short = STUDY_PRIOR.terms(rng.randrange(8_000, 16_000), rng.randrange(100, 500), 0)
+        long = STUDY_PRIOR.terms(0, rng.randrange(16_000, 64_000), 0)
+        cal.update("a", short, truth(short, factors))
+        cal.update("b", long, truth(long, factors))
+    for replica in ("a", "b"):
+        assert math.exp(cal.log_prefill[replica]) == pytest.approx(1.0, abs=0.05)
+    # Each replica's own kind of request is predicted right (a single scale would be 2.7x
+    # off for one kind, or the other, and push the factors to their bounds).
+    for replica, terms in (("a", STUDY_PRIOR.terms(12_000, 200, 0)),
+                           ("b", STUDY_PRIOR.terms(0, 32_000, 0))):
+        assert predicted(cal, replica, terms) == pytest.approx(truth(terms, factors), rel=0.05)
+
+
+def test_one_slow_start_does_not_exile_a_replica() -> None:
+    cal = Calibration(warmup=1, max_deviation=2.0)
+    cal.update("a", MISS, truth(MISS, (1, 1, 1, 1)))
+    for _ in range(50):
+        cal.update("b", MISS, 100.0)  # b's first replies were very slow
+    assert math.exp(cal.log_prefill["b"]) <= 2.0 + 1e-9
+
+
+def test_no_wind_up_on_stale_predictions() -> None:
+    """Many observations of predictions made before the last correction: no overshoot."""
+    cal = Calibration()
+    for _ in range(3):
+        cal.update("a", MISS, truth(MISS, (1, 1, 1, 1)))
+    for _ in range(200):  # the truth is 3x the prior, observed through a long queue
+        cal.update("a", MISS, 3.0 * truth(MISS, (1, 1, 1, 1)))
+    assert predicted(cal, "a", MISS) == pytest.approx(3.0 * truth(MISS, (1, 1, 1, 1)), rel=0.05)
+
+
+def test_describes_itself() -> None:
+    cal = Calibration()
+    cal.update("a", MISS, 2.0)
+    doc = cal.as_json()
+    assert set(doc["term_scale"]) == {"fixed", "linear", "attention", "load"}  # type: ignore[arg-type]
+    assert doc["observations"] == 1 and "a" in doc["replicas"]  # type: ignore[operator]
