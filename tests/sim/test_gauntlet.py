@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -40,7 +41,7 @@ def test_agents_context_grows_in_many_short_turns() -> None:
         assert 10 <= len(s.turns) <= 30
         assert 16384 <= s.turns[0].prompt_tokens <= 65536
         prompts = [t.prompt_tokens for t in s.turns]
-        assert all(b > a for a, b in zip(prompts, prompts[1:], strict=False))
+        assert all(b > a for a, b in itertools.pairwise(prompts))
         assert all(b[: len(a)] == a for a, b in
                    zip((t.chain for t in s.turns), (t.chain for t in s.turns[1:]), strict=False))
         assert max(t.output_tokens for t in s.turns) <= 200 and s.think_s <= 3.0
@@ -54,7 +55,7 @@ def test_tenants_share_a_few_system_prompts() -> None:
 
 def test_bursty_has_off_periods() -> None:
     starts = on_off_starts(random.Random(3), 1.0, 900.0)
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert len(starts) > 100
     assert sum(g >= BURST_OFF_S * 0.9 for g in gaps) >= 5  # one long gap per off window
     assert len(_sessions("bursty").sessions) > 0
@@ -74,7 +75,7 @@ def test_long_sessions_start_at_128k_and_mooncake_is_open_loop() -> None:
 
 def test_hardware_rows_and_the_one_axis_design() -> None:
     for name in HARDWARE:
-        profile, pool_on, slow = hardware_row(name, STUDY_27B)
+        _profile, pool_on, slow = hardware_row(name, STUDY_27B)
         assert pool_on == (name != "no-pool") and (slow is not None) == (name == "hetero")
     assert hardware_row("attn-3x", STUDY_27B)[0].prefill_token2_s == pytest.approx(
         3 * STUDY_27B.prefill_token2_s)
