@@ -10,7 +10,7 @@ and exits 2.
   (``--pool off|local|NAME``) and, with ``--kv-events-endpoint``, vLLM-format KV events
   from a ZMQ PUB socket bound there.
 - ``sim SCENARIO``: a discrete-event scenario (``sim.experiments.scenarios``/``reproduce``),
-  a markdown table, JSON and PNG.
+  a markdown table, JSON and PNG; ``sim gauntlet``: ``sim.experiments.gauntlet_cli``.
 - ``demo``, ``live``, ``ab``: emulated replicas and the real router over HTTP
   (``sim.experiments.demo``/``live``/``ab``).
 
@@ -42,8 +42,7 @@ def _fail(command: str, exc: BaseException) -> int:
 def _config(cls: Any, args: argparse.Namespace, **given: Any) -> Any:
     """``cls`` (a config dataclass) from the options named like its fields, plus ``given``."""
     names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{n: getattr(args, n) for n in names if hasattr(args, n) and n not in given},
-               **given)
+    return cls(**{n: getattr(args, n) for n in names if hasattr(args, n) and n not in given}, **given)
 
 
 def _policies(text: str | None) -> tuple[str, ...]:
@@ -81,8 +80,7 @@ def _replica(args: argparse.Namespace) -> int:
             replica = model_replica(
                 args.name, profile, pool, model=args.model, time_scale=args.time_scale,
                 block_size=args.block_size, kv_events_endpoint=args.kv_events_endpoint,
-                kv_events_topic=args.kv_events_topic, faults=faults,
-                fixed_created=args.fixed_created)
+                kv_events_topic=args.kv_events_topic, faults=faults, fixed_created=args.fixed_created)
         except (KeyError, ValueError) as exc:
             return _fail("replica", exc)
     try:
@@ -151,8 +149,7 @@ def _live(args: argparse.Namespace) -> int:
 
     try:
         cfg = _config(live.LiveConfig, args, policies=_policies(args.policies),
-                      loads=tuple(float(x) for x in args.loads.split(",") if x),
-                      pool=args.pool == "on")
+                      loads=tuple(float(x) for x in args.loads.split(",") if x), pool=args.pool == "on")
         load_profile(cfg.profile)
     except (KeyError, ValueError) as exc:
         return _fail("live", exc)
@@ -282,9 +279,10 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _add_sim(sub: Any) -> None:
-    p = sub.add_parser(
+    top = sub.add_parser(
         "sim", help="discrete-event simulation of policies on replica models (the study and beyond)")
-    p.add_argument("scenario", choices=SCENARIOS)
+    scenarios = top.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
+    p = argparse.ArgumentParser(add_help=False)  # what every scenario but the gauntlet takes
     p.add_argument("file", nargs="?", default=None,
                    help="trace: a Mooncake-format JSONL file (.gz too), or mooncake (shipped)")
     p.add_argument("--replicas", type=int, default=None,
@@ -305,7 +303,10 @@ def _add_sim(sub: Any) -> None:
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="trace: divide inter-arrival times by this (2 = twice the load)")
     p.add_argument("--limit", type=int, default=None, help="trace: replay only the first N")
-    p.set_defaults(func=_sim)
+    for name in SCENARIOS:
+        scenarios.add_parser(name, parents=[p], help="docs/study.md").set_defaults(func=_sim)
+    from sim.experiments.gauntlet_cli import add_gauntlet  # its own options
+    add_gauntlet(scenarios)
 
 
 # --- ab ------------------------------------------------------------------------------
@@ -377,8 +378,7 @@ def _add_ab(sub: Any) -> None:
     p.add_argument("--added-tokens", type=int, default=d.added_tokens)
     p.add_argument("--output-tokens", type=int, default=d.output_tokens,
                    help="reply length (a cap in trace mode)")
-    p.add_argument("--concurrency", type=int, default=d.concurrency,
-                   help="sessions in flight at once")
+    p.add_argument("--concurrency", type=int, default=d.concurrency, help="sessions in flight at once")
     p.add_argument("--profile", default=d.profile, help="emulated " + PROFILE_HELP)
     p.add_argument("--time-scale", type=float, default=d.time_scale,
                    help="emulated: wall seconds per model second")
