@@ -25,7 +25,10 @@ meanwhile would look new and cold and be scattered by load. The policy therefore
 the session's replica from its own last dispatch, and counts that request's prompt as
 cached there while it is in flight.
 Hysteresis: the session's last replica is kept unless another scores better by more than
-``stay_margin`` (relative) plus ``stay_margin_s`` — a session never moves for nothing,
+``stay_margin`` (relative; widened by ``distrust`` x the cost model's own running error,
+``Calibration.error()``: a model that predicts badly moves sessions only for gains larger
+than its errors, and falls back towards keeping them put, the robust rule when cache
+locality is what is known for sure) plus ``stay_margin_s`` — a session never moves for nothing,
 and with no pool (or an evicted one) moving means a full recompute, so sessions stay put
 as under ``fixed``.
 
@@ -69,7 +72,8 @@ class LocalityConfig:
     ``work_weight``: seconds of score per second of extra work a placement causes;
     ``load_aware_work``: multiply it by 1 + the requests queued per replica;
     ``stay_margin``: relative advantage another replica needs to take a session away;
-    ``stay_margin_s``: the same in absolute seconds (added); ``calibrate``: learn online;
+    ``stay_margin_s``: the same in absolute seconds (added); ``distrust``: the relative
+    margin grows by this times the calibrated model's own error; ``calibrate``: learn online;
     ``alpha``/``warmup``/``clip``: see ``Calibration``."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
@@ -77,6 +81,7 @@ class LocalityConfig:
     load_aware_work: bool = True
     stay_margin: float = 0.15
     stay_margin_s: float = 0.0
+    distrust: float = 1.0
     calibrate: bool = True
     alpha: float = 0.2
     warmup: int = 3
@@ -187,7 +192,8 @@ class Locality(BasePolicy):
         stay = self._sessions.replica(request.session) or request.last_replica
         if stay in estimates:
             kept = score(stay)
-            if kept - score(best.id) <= self.config.stay_margin * kept + self.config.stay_margin_s:
+            margin = self.config.stay_margin + self.config.distrust * self.calibration.error()
+            if kept - score(best.id) <= margin * kept + self.config.stay_margin_s:
                 return Decision(stay, "sticky", estimates[stay].ttft_s)
         chosen = estimates[best.id]
         return Decision(best.id, self._reason(request, chosen, estimates), chosen.ttft_s)
