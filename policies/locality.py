@@ -8,17 +8,20 @@ For every healthy candidate replica ``r`` the cost model (``policies.cost``) pre
 from the residency the router looked up (r's GPU prefix, the pool prefix) and the prefill
 work already admitted on ``r``. The score to minimise is
 
-    score(r) = ttft(r) + work_weight * (1 + q) * (service(r) - min over replicas of service)
+    score(r) = ttft(r) + work_weight * (service(r) - min over replicas of service)
+                       + work_weight * q(r) * service(r)
 
-where service = pool load + prefill: a placement that recomputes what another replica
+where service = pool load + prefill. A placement that recomputes what another replica
 could load or hit makes everyone queued behind it wait too, so extra work is charged
-(``work_weight``, default 1), once for the request itself and once for each of the ``q``
-requests that will queue behind it: ``q`` is the fleet's mean predicted wait over its mean
-observed service time (requests waiting per replica; 0 on an idle fleet; off with
-``load_aware_work=false``). Without this term greedy TTFT-minimisers move sessions off
-busy replicas into recomputes, adding work exactly when the system is short of it, and
-collapse under load (the simulator's load sweep shows it for ``least_loaded``; charging
-the work only once still lost 1.2x to ``fixed`` on the Mooncake trace past saturation).
+(``work_weight``, default 1). And every second of work placed on ``r`` delays the
+requests that will queue behind it there before its queue drains, about as many as are
+queued now: ``q(r)`` = r's predicted wait over the mean observed service time (0 on an
+idle replica; off with ``load_aware_work=false``). The first term alone let greedy moves
+add recomputes when the fleet was short of capacity (``least_loaded`` collapses that way;
+``locality`` lost 1.2x to ``fixed`` on the Mooncake trace past saturation); a fleet-wide
+multiplier on the difference instead herded a tenant's sessions onto the replica holding
+its system prompt (6x worse p90 at the knee of the gauntlet's ``tenants`` workload): the
+per-replica ``q(r)`` charges work where it will wait, on the busy replica as on the idle.
 Own dispatch log (``_SessionLog``): the router records a session's replica and prefix
 only when its reply ends, a queueing delay after the decision; a next turn arriving
 meanwhile would look new and cold and be scattered by load. The policy therefore takes
@@ -182,11 +185,14 @@ class Locality(BasePolicy):
         candidates = rendezvous_rank(request.session, self.candidates(request, replicas))
         estimates = {r.id: self.estimate(request, r) for r in candidates}
         least_work = min(e.load_s + e.prefill_s for e in estimates.values())
-        weight = self.config.work_weight * (1.0 + self._queued_per_replica(estimates))
+        w = self.config.work_weight
+        mean_service = self._mean_service()
 
         def score(rid: str) -> float:
             e = estimates[rid]
-            return e.ttft_s + weight * (e.load_s + e.prefill_s - least_work)
+            service = e.load_s + e.prefill_s
+            queued = e.wait_s / mean_service if mean_service > 0 else 0.0
+            return e.ttft_s + w * (service - least_work) + w * queued * service
 
         best = min(candidates, key=lambda r: score(r.id))
         stay = self._sessions.replica(request.session) or request.last_replica
@@ -198,18 +204,11 @@ class Locality(BasePolicy):
         chosen = estimates[best.id]
         return Decision(best.id, self._reason(request, chosen, estimates), chosen.ttft_s)
 
-    def _queued_per_replica(self, estimates: dict[str, Estimate]) -> float:
-        """Requests waiting per replica, fleet mean: mean predicted wait / mean service.
-
-        Extra work placed now delays every request that queues behind it before the queue
-        drains, about as many as are queued now; 0 on an idle fleet, so light-load moves
-        cost their own work only, and large near saturation, where any recompute a move
-        causes is paid by a whole queue (the collapse this term prevents)."""
+    def _mean_service(self) -> float:
+        """Mean observed service time over replicas (0: unknown, or the charge is off)."""
         if not self.config.load_aware_work or not self._service_mean:
             return 0.0
-        service = sum(self._service_mean.values()) / len(self._service_mean)
-        wait = sum(e.wait_s for e in estimates.values()) / len(estimates)
-        return wait / service if service > 0 else 0.0
+        return sum(self._service_mean.values()) / len(self._service_mean)
 
     @staticmethod
     def _reason(request: RequestView, chosen: Estimate, estimates: dict[str, Estimate]) -> str:

@@ -146,8 +146,8 @@ def _deep_queues(policy: Locality, on_a: int, on_b: int) -> float:
 
 def test_near_saturation_a_recompute_is_charged_to_the_whole_queue() -> None:
     """30 prefills queued on a, 12 on b, no pool: moving the session to b saves it ~18 s but
-    adds a 32k recompute that every request queued behind it pays. Charging extra work
-    once (load_aware_work=false) moves it; charging it per queued request keeps it."""
+    adds a 32k recompute that the ~12 requests queueing behind it on b pay. Charging extra
+    work once (load_aware_work=false) moves it; charging it per queued request keeps it."""
     blocks = 32_768 // BT
     decisions = {}
     for aware in (False, True):
