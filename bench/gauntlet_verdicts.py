@@ -1,0 +1,74 @@
+"""The robust-locality issue's bars, checked against a gauntlet result (``lmroute sim gauntlet``).
+
+Run: ``.venv/bin/python bench/gauntlet_verdicts.py docs/gauntlet.json``. Prints, per bar,
+how many cells pass and lists every cell that does not (markdown):
+
+1. up to saturation (load multiple <= 1): locality / best other policy, mean and p90
+   TTFT, upper end of the 95 % CI under 1.05 (CI-aware) — and the point estimate <= 1.02;
+2. past saturation (load multiple > 1): the point estimate never above 1.10;
+3. capacity at the SLO (the highest knee multiple with p90 within it) at least the best
+   other policy's, per cell;
+4. wins: cells where locality is at least 20 % better (ratio <= 0.80) on mean and p90.
+
+"Best other" is chosen per cell and load after the fact (the lowest across-seed mean of
+every other policy), which favours the baselines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def _fmt(r: dict[str, Any], m: str) -> str:
+    lo, hi = r[f"ratio_{m}_ci"]
+    return f"{r[f'ratio_{m}']:.2f} [{lo:.2f}, {hi:.2f}] vs {r[f'best_other_{m}']}"
+
+
+def verdicts(doc: dict[str, Any]) -> list[str]:
+    ratios = doc["ratios"]
+    out: list[str] = []
+    under = [r for r in ratios if r["load"] <= 1.0]
+    fail1 = [r for r in under for m in ("mean", "p90")
+             if r[f"ratio_{m}"] > 1.02 or r[f"ratio_{m}_ci"][1] >= 1.05]
+    strict = [r for r in under for m in ("mean", "p90") if r[f"ratio_{m}"] > 1.02]
+    out.append(f"## 1. Up to saturation: {2 * len(under) - len(fail1)} of {2 * len(under)} "
+               f"(cell, metric) pass both; {2 * len(under) - len(strict)} pass on the point "
+               "estimate (<= 1.02)")
+    out += [f"- {r['cell']} load {r['load']:g}: mean {_fmt(r, 'mean')}; p90 {_fmt(r, 'p90')}"
+            for r in {id(r): r for r in strict}.values()]
+    over = [r for r in ratios if r["load"] > 1.0]
+    fail2 = [r for r in over if max(r["ratio_mean"], r["ratio_p90"]) > 1.10]
+    out.append(f"## 2. Past saturation: {len(over) - len(fail2)} of {len(over)} cells within 1.10x")
+    out += [f"- {r['cell']} load {r['load']:g}: mean {_fmt(r, 'mean')}; p90 {_fmt(r, 'p90')}"
+            for r in fail2]
+    cells: dict[str, dict[str, float | None]] = {}
+    for c in doc["capacity"]:
+        cells.setdefault(c["cell"], {})[c["policy"]] = c["capacity"]
+    fail3 = []
+    for cell, caps in cells.items():
+        mine = caps.get("locality")
+        others = [v for p, v in caps.items() if p != "locality" and v is not None]
+        if mine is not None and others and mine < max(others):
+            fail3.append(f"- {cell}: locality {mine:g}, best other {max(others):g}")
+    out.append(f"## 3. Capacity: {len(cells) - len(fail3)} of {len(cells)} cells "
+               "at least the best other's")
+    out += fail3
+    wins = [r for r in ratios if r["ratio_mean"] <= 0.80 and r["ratio_p90"] <= 0.80]
+    out.append(f"## 4. At least 20 % better on mean and p90: {len(wins)} (cell, load) points")
+    out += [f"- {r['cell']} load {r['load']:g}: mean {r['ratio_mean']:.2f}, p90 {r['ratio_p90']:.2f}"
+            for r in wins]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("result", help="a gauntlet JSON document")
+    args = ap.parse_args()
+    with open(args.result) as fh:
+        print("\n".join(verdicts(json.load(fh))))
+
+
+if __name__ == "__main__":
+    main()
