@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 
 from policies.base import ReplicaView, RequestView, Residency
 from router.index.memory import MemoryIndex
@@ -176,7 +177,8 @@ class Cluster:
     def __init__(self, profile: Profile, replicas: int, *, pool_on: bool,
                  pool_bytes: int | None = None, oracle: bool = False, routers: int = 1,
                  scrape_interval_s: float = 0.0, balancer: str = "random",
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 replica_profiles: Mapping[str, Profile] | None = None) -> None:
         if replicas < 1:
             raise ValueError("at least one replica")
         if routers < 1:
@@ -188,7 +190,14 @@ class Cluster:
         self.pool = SharedPool(pool_bytes or profile.pool_bytes, profile.chunk_tokens,
                                profile.bytes_per_token, enabled=pool_on)
         self.ids = [f"r{i}" for i in range(replicas)]
-        self.models = {rid: ReplicaModel(rid, profile, self.pool) for rid in self.ids}
+        # A heterogeneous fleet: some replicas' physics differ (``replica_profiles`` by id);
+        # the routers' capacity model stays the fleet's ``profile``, as a router's would.
+        own = replica_profiles or {}
+        unknown = set(own) - set(self.ids)
+        if unknown:
+            raise ValueError(f"replica_profiles names no replica: {sorted(unknown)}")
+        self.models = {rid: ReplicaModel(rid, own.get(rid, profile), self.pool)
+                       for rid in self.ids}
         self.oracle = oracle
         self.scrape_interval_s = scrape_interval_s
         self.balancer = Balancer(routers, balancer, rng or random.Random(0))

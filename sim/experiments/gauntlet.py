@@ -7,9 +7,8 @@ router, pool on) and one axis varied at a time.
 - ``hardware``: each non-base hardware row (``HARDWARE``) x the axis workloads x loads;
 - ``fleet``: each non-base replica count x the axis workloads x loads (the arrival rate
   scales with the fleet: ``rate_scale * replicas / 4``);
-- ``routers``: each router count > 1 x the axis workloads x loads. ``run_arm`` is called
-  with ``routers=R`` only when R > 1, and only if its signature takes that keyword
-  (multi-router support lands separately); otherwise such cells are listed as skipped.
+- ``routers``: each router count > 1 x the axis workloads x loads (``run_arm(routers=R)``:
+  each router sees only its own requests, ``sim.des.cluster``).
 
 A cell is ``(workload, hardware, replicas, routers)``; its loads are multipliers of the
 workload's knee. Every (cell, load, policy, seed) is one simulation of ``duration_s``
@@ -38,24 +37,20 @@ does not match the physics; ``--oracle-prior`` adds a ``locality+oracle-prior`` 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from sim.des.cluster import Cluster
 from sim.des.generators import GENERATORS
-from sim.des.simulation import Record, Run
 from sim.des.workload import Workload
-from sim.experiments.arms import NoProgress, Progress, SimArm, make_policy, parse_policy, run_arm
-from sim.replica.model import ReplicaModel
+from sim.experiments.arms import NoProgress, Progress, parse_policy, run_arm
 from sim.replica.profiles import Profile, load_profile
 
 BASE_HW, BASE_REPLICAS, BASE_ROUTERS = "study-27b", 4, 1
@@ -138,29 +133,6 @@ def design(workloads: Sequence[str], hardware: Sequence[str], replicas: Sequence
     return cells
 
 
-def multi_router_ready() -> bool:
-    """Whether today's ``run_arm`` takes the ``routers`` keyword."""
-    return "routers" in inspect.signature(run_arm).parameters
-
-
-def skip_reason(cell: Cell) -> str | None:
-    """Why a cell cannot run with today's simulator, or None."""
-    if cell.routers > 1 and not multi_router_ready():
-        return "run_arm has no routers keyword yet (multi-router support)"
-    if cell.routers > 1 and cell.hardware == "hetero":
-        return "hetero builds its own cluster: per-replica profiles in Cluster are a TODO"
-    return None
-
-
-def _run_hetero(profile: Profile, slow: Profile, replicas: int, arm: SimArm,
-                workload: Callable[[random.Random], Workload], seed: int) -> list[Record]:
-    """``run_arm`` with replica ``r0`` swapped for a slower model (Cluster has one profile)."""
-    cluster = Cluster(profile, replicas, pool_on=arm.pool_on, oracle=arm.oracle)
-    cluster.models["r0"] = ReplicaModel("r0", slow, cluster.pool)
-    return Run(cluster, make_policy(arm, profile), workload(random.Random(seed)),
-               arm.label).execute()
-
-
 def simulate(job: Job) -> list[float]:
     """The measured TTFTs (seconds) of one job: arrivals in ``[WARMUP * T, T)``."""
     profile, pool_on, slow = hardware_row(job.hardware, load_profile(job.base_profile))
@@ -171,11 +143,8 @@ def simulate(job: Job) -> list[float]:
     def workload(rng: random.Random) -> Workload:
         return gen(rng, scale, job.duration_s, profile.chunk_tokens)
 
-    if slow is not None:
-        records = _run_hetero(profile, slow, job.replicas, arm, workload, job.seed)
-    else:
-        extra: dict[str, Any] = {"routers": job.routers} if job.routers > 1 else {}
-        records = run_arm(profile, job.replicas, arm, workload, job.seed, **extra).records
+    records = run_arm(profile, job.replicas, arm, workload, job.seed, routers=job.routers,
+                      replica_profiles={"r0": slow} if slow is not None else None).records
     lo = WARMUP * job.duration_s
     return [r.ttft_s for r in records if lo <= r.arrival < job.duration_s and r.measured]
 
@@ -310,15 +279,14 @@ def chosen_policies(cfg: GauntletConfig) -> list[str]:
 
 
 def run_gauntlet(cfg: GauntletConfig, progress: Progress | None = None) -> dict[str, Any]:
-    """Knees, then every (runnable cell, load, policy, seed); raw per-seed rows and skips."""
+    """Knees, then every (cell, load, policy, seed); raw per-seed rows."""
     cfg.validate()
     progress = progress or NoProgress()
     policies = chosen_policies(cfg)
     baselines = [p for p in policies if not is_locality(p)] or ["round_robin"]
     cells = design(cfg.workloads, cfg.hardware, cfg.replicas, cfg.routers, cfg.axis_workloads)
-    skipped = [{"cell": c.label, "axis": c.axis, "reason": r} for c in cells
-               if (r := skip_reason(c)) is not None]
-    runnable = [c for c in cells if skip_reason(c) is None]
+    # Every cell of the design runs now; ``skipped`` stays in the document's schema.
+    skipped: list[dict[str, str]] = []
     given = dict(cfg.knees)
     runner = Runner(cfg.jobs, progress)
     t0 = now_s()
@@ -333,12 +301,12 @@ def run_gauntlet(cfg: GauntletConfig, progress: Progress | None = None) -> dict[
                                  base_profile=cfg.base_profile, iters=cfg.knee_iters)
         batch = [Job(c.workload, c.hardware, c.replicas, c.routers,
                      knees[c.workload]["rate_scale"] * m, p, s, cfg.duration_s, cfg.base_profile)
-                 for c in runnable for m in cfg.loads for p in policies for s in range(cfg.seeds)]
+                 for c in cells for m in cfg.loads for p in policies for s in range(cfg.seeds)]
         progress.start(len(batch), "gauntlet")
         results = runner.run(batch)
     finally:
         runner.close()
-    keys = [(c, m) for c in runnable for m in cfg.loads for _ in policies for _ in range(cfg.seeds)]
+    keys = [(c, m) for c in cells for m in cfg.loads for _ in policies for _ in range(cfg.seeds)]
     raw = [{**_cell_fields(c), "load": m, "rate_scale": j.rate_scale, "policy": j.policy,
             "seed": j.seed, **res}
            for (c, m), j, res in zip(keys, batch, results, strict=True)]

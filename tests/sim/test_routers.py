@@ -6,6 +6,7 @@ objects (index, session memory, policy state) after or during a run.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -166,3 +167,11 @@ def test_each_router_needs_its_own_policy() -> None:
         Run(cluster, [shared, shared], workload)
     with pytest.raises(ValueError, match="balancer"):
         Cluster(TINY, 2, pool_on=False, balancer="sticky")
+
+
+def test_a_heterogeneous_fleet_gives_named_replicas_their_own_physics() -> None:
+    slow = dataclasses.replace(TINY, name="tiny-slow", prefill_token_s=TINY.prefill_token_s * 2)
+    cluster = Cluster(TINY, 3, pool_on=True, replica_profiles={"r0": slow})
+    assert [cluster.models[r].profile.name for r in cluster.ids] == ["tiny-slow", "tiny", "tiny"]
+    with pytest.raises(ValueError, match="r9"):
+        Cluster(TINY, 3, pool_on=True, replica_profiles={"r9": slow})
