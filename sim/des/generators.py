@@ -128,22 +128,34 @@ def _popular(rng: random.Random, n: int) -> int:
     return rng.choices(range(n), weights=[1.0 / (k + 1) for k in range(n)])[0]
 
 
+def _shared_prefix_sessions(rng: random.Random, keys: KeyAlloc, starts: list[float],
+                            prefixes: list[tuple[int, ...]], chunk: int, *, tag: str,
+                            first: tuple[int, int], turns: tuple[int, int], added: tuple[int, int],
+                            outputs: tuple[int, int], think: tuple[float, float]) -> Workload:
+    """Sessions that each open with one of ``prefixes`` (popularity ``1/rank``) plus a
+    ``first``-token message, then ``turns`` turns: ``added`` tokens, ``outputs``-token replies,
+    ``think`` seconds between them (inclusive ranges)."""
+    sessions = []
+    for i in range(len(starts)):
+        shared = prefixes[_popular(rng, len(prefixes))]
+        n = rng.randint(*turns)
+        more = [rng.randint(*added) for _ in range(n - 1)]
+        replies = [rng.randint(*outputs) for _ in range(n)]
+        start_tokens = len(shared) * chunk + rng.randint(*first)
+        sessions.append(grow_session(keys, f"{tag[0]}{i}", start_tokens, more, replies, chunk,
+                                     shared=shared, tag=tag, think_s=rng.uniform(*think)))
+    return SessionWorkload(sessions, starts)
+
+
 def docqa(rng: random.Random, rate_scale: float, duration_s: float, chunk: int) -> Workload:
     """Document QA: sessions over a few huge shared documents, 1-3 short questions each."""
     keys = KeyAlloc()
     docs = [keys.take(max(1, _loguniform(rng, 32768, 131072) // chunk))
             for _ in range(rng.randint(4, 8))]
     starts = poisson_starts(rng, NOMINAL_RATE["docqa"] * rate_scale, duration_s)
-    sessions = []
-    for i in range(len(starts)):
-        doc = docs[_popular(rng, len(docs))]
-        turns = rng.randint(1, 3)
-        added = [rng.randint(20, 200) for _ in range(turns - 1)]
-        outputs = [rng.randint(50, 300) for _ in range(turns)]
-        sessions.append(grow_session(keys, f"d{i}", len(doc) * chunk + rng.randint(20, 200),
-                                     added, outputs, chunk, shared=doc, tag="docqa",
-                                     think_s=rng.uniform(10.0, 30.0)))
-    return SessionWorkload(sessions, starts)
+    return _shared_prefix_sessions(rng, keys, starts, docs, chunk, tag="docqa", first=(20, 200),
+                                   turns=(1, 3), added=(20, 200), outputs=(50, 300),
+                                   think=(10.0, 30.0))
 
 
 def tenants(rng: random.Random, rate_scale: float, duration_s: float, chunk: int) -> Workload:
@@ -152,16 +164,9 @@ def tenants(rng: random.Random, rate_scale: float, duration_s: float, chunk: int
     prompts = [keys.take(max(1, _loguniform(rng, 4096, 16384) // chunk))
                for _ in range(rng.randint(4, 8))]
     starts = poisson_starts(rng, NOMINAL_RATE["tenants"] * rate_scale, duration_s)
-    sessions = []
-    for i in range(len(starts)):
-        system = prompts[_popular(rng, len(prompts))]
-        turns = rng.randint(1, 4)
-        added = [rng.randint(50, 500) for _ in range(turns - 1)]
-        outputs = [rng.randint(50, 400) for _ in range(turns)]
-        sessions.append(grow_session(keys, f"t{i}", len(system) * chunk + rng.randint(200, 2000),
-                                     added, outputs, chunk, shared=system, tag="tenants",
-                                     think_s=rng.uniform(5.0, 20.0)))
-    return SessionWorkload(sessions, starts)
+    return _shared_prefix_sessions(rng, keys, starts, prompts, chunk, tag="tenants", first=(200, 2000),
+                                   turns=(1, 4), added=(50, 500), outputs=(50, 400),
+                                   think=(5.0, 20.0))
 
 
 def bursty(rng: random.Random, rate_scale: float, duration_s: float, chunk: int) -> Workload:
