@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,12 +67,30 @@ class CostParams:
         """``locality@prior=PATH``: a TOML or JSON prior file (see ``load_prior``)."""
         return load_prior(str(value))
 
-    def prefill_s(self, cached: int, new: int) -> float:
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any], *, source: str) -> CostParams:
+        """The prior in a profile's fields (a prior file's, or a simulator ``Profile``'s):
+        only the timing ones; ``load_token_s`` is ``bytes_per_token / load_bytes_per_s``."""
+        return cls(
+            prefill_fixed_s=float(fields["prefill_fixed_s"]),
+            prefill_token_s=float(fields["prefill_token_s"]),
+            prefill_token2_s=float(fields["prefill_token2_s"]),
+            load_fixed_s=float(fields["load_fixed_s"]),
+            load_token_s=fields["bytes_per_token"] / fields["load_bytes_per_s"],
+            name=str(fields.get("name", "")),
+            source=source,
+        )
+
+    def _prefill_terms(self, cached: int, new: int) -> tuple[float, float, float]:
         if new <= 0:
-            return self.prefill_fixed_s
+            return self.prefill_fixed_s, 0.0, 0.0
         total = cached + new
-        return (self.prefill_fixed_s + self.prefill_token_s * new
-                + self.prefill_token2_s * (total * total - cached * cached))
+        return (self.prefill_fixed_s, self.prefill_token_s * new,
+                self.prefill_token2_s * (total * total - cached * cached))
+
+    def prefill_s(self, cached: int, new: int) -> float:
+        fixed, linear, attention = self._prefill_terms(cached, new)
+        return fixed + linear + attention
 
     def pool_load_s(self, tokens: int) -> float:
         return 0.0 if tokens <= 0 else self.load_fixed_s + tokens * self.load_token_s
@@ -79,10 +98,7 @@ class CostParams:
     def terms(self, cached: int, new: int, loaded: int) -> tuple[float, float, float, float]:
         """The prediction's parts, seconds: prefill fixed, linear, attention; pool load.
         ``prefill_s(cached, new) + pool_load_s(loaded)`` is their sum."""
-        total = cached + new
-        attention = self.prefill_token2_s * (total * total - cached * cached) if new > 0 else 0.0
-        linear = self.prefill_token_s * new if new > 0 else 0.0
-        return self.prefill_fixed_s, linear, attention, self.pool_load_s(loaded)
+        return (*self._prefill_terms(cached, new), self.pool_load_s(loaded))
 
 
 def _read_prior(text: bytes, where: str, toml: bool) -> dict[str, Any]:
@@ -119,8 +135,7 @@ def load_prior(path: str | Path | None = None) -> CostParams:
 
     Fields the file leaves out come from ``base`` (a built-in prior in ``policies/priors/``,
     default ``study-27b``), so a simulator profile file that inherits from ``study-27b`` reads
-    as a prior too; ``load_token_s`` is
-    ``bytes_per_token / load_bytes_per_s``. Raises ``PriorError`` naming the bad key."""
+    as a prior too (``CostParams.from_fields``). Raises ``PriorError`` naming the bad key."""
     source = Path(path) if path is not None else DEFAULT_PRIOR_FILE
     try:
         raw = source.read_bytes()
@@ -129,15 +144,7 @@ def load_prior(path: str | Path | None = None) -> CostParams:
     own = _read_prior(raw, str(source), toml=source.suffix != ".json")
     base = str(own.get("base", DEFAULT_PRIOR_FILE.stem))
     fields = own if path is None else {**_builtin_fields(base), "name": source.stem, **own}
-    return CostParams(
-        prefill_fixed_s=float(fields["prefill_fixed_s"]),
-        prefill_token_s=float(fields["prefill_token_s"]),
-        prefill_token2_s=float(fields["prefill_token2_s"]),
-        load_fixed_s=float(fields["load_fixed_s"]),
-        load_token_s=fields["bytes_per_token"] / fields["load_bytes_per_s"],
-        name=str(fields.get("name", "")),
-        source=str(source),
-    )
+    return CostParams.from_fields(fields, source=str(source))
 
 
 STUDY_PRIOR = load_prior()

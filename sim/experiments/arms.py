@@ -19,6 +19,7 @@ Progress is reported through a ``Progress`` hook; the CLI passes a rich progress
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -57,11 +58,8 @@ class SimArm:
 
 def oracle_prior(profile: Profile) -> CostParams:
     """The profile's timings as a cost prior: what a policy would believe if it knew the physics."""
-    return CostParams(
-        prefill_fixed_s=profile.prefill_fixed_s, prefill_token_s=profile.prefill_token_s,
-        prefill_token2_s=profile.prefill_token2_s, load_fixed_s=profile.load_fixed_s,
-        load_token_s=profile.bytes_per_token / profile.load_bytes_per_s,
-        name=f"{profile.name} (oracle)", source="profile")
+    fields = {**dataclasses.asdict(profile), "name": f"{profile.name} (oracle)"}
+    return CostParams.from_fields(fields, source="profile")
 
 
 def parse_policy(text: str) -> SimArm:
