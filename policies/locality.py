@@ -105,7 +105,6 @@ class _SessionLog:
 
     max_sessions: int = 200_000
     last: dict[str, tuple[str, int, str]] = field(default_factory=dict)  # replica, tokens, id
-    done: set[str] = field(default_factory=set)
 
     def sent(self, session: str, replica: str, tokens: int, request_id: str) -> None:
         self.last.pop(session, None)
