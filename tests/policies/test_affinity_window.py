@@ -5,25 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from policy_views import replicas, request
 
 from policies.affinity_window import AffinityWindow, AffinityWindowConfig, match_rate
-from policies.base import NoReplicaAvailable, Policy, ReplicaView, RequestView, Residency
-
-
-def replicas(*loads: float) -> list[ReplicaView]:
-    return [ReplicaView(id=f"r{i}", url=f"http://r{i}", in_flight=int(x)) for i, x in enumerate(loads)]
-
-
-def request(
-    gpu: dict[str, int] | None = None,
-    prompt_tokens: int = 1000,
-    session: str = "s",
-    exclude: frozenset[str] = frozenset(),
-) -> RequestView:
-    # 10 blocks of 100 tokens: one block is 10% of the prompt.
-    residency = Residency(chain_blocks=10, block_tokens=100, gpu=gpu or {}, pool=10)
-    return RequestView(request_id="q", model="m", session=session, prompt_tokens=prompt_tokens,
-                       residency=residency, exclude=exclude)
+from policies.base import NoReplicaAvailable, Policy, ReplicaView, Residency
 
 
 def test_is_a_policy_with_sglang_gateway_defaults() -> None:
