@@ -34,7 +34,8 @@ from sim.des.workload import OpenLoop, SimRequest
 TRACE_BLOCK_TOKENS = 512
 TRACE_KEY_BASE = 1 << 48
 # Traces shipped with the package (sim/des/traces/README.md says where each comes from).
-BUILTIN_TRACES = {"mooncake": "mooncake_conversation.jsonl.gz"}
+BUILTIN_TRACES = {"mooncake": "mooncake_conversation.jsonl.gz",
+                  "mooncake-synthetic": "mooncake_synthetic.jsonl.gz"}
 
 
 @dataclass(frozen=True, slots=True)
