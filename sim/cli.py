@@ -284,8 +284,7 @@ def _add_sim(sub: Any) -> None:
     scenarios = top.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
     p = argparse.ArgumentParser(add_help=False)  # what every scenario but the gauntlet takes
     p.add_argument("file", nargs="?", default=None,
-                   help="trace: a Mooncake-format JSONL file (.gz too), or a shipped one: "
-                        "mooncake, mooncake-synthetic")
+                   help="trace: Mooncake-format JSONL (.gz too), or mooncake, mooncake-synthetic")
     p.add_argument("--replicas", type=int, default=None,
                    help="replicas (load, pool-pressure: 4; trace: 8; study scenarios: 2)")
     p.add_argument("--policy", action="append", default=None,
@@ -384,8 +383,7 @@ def _add_ab(sub: Any) -> None:
     p.add_argument("--time-scale", type=float, default=d.time_scale,
                    help="emulated: wall seconds per model second")
     p.add_argument("--trace", default="",
-                   help="Mooncake-format JSONL trace to replay (a path, or shipped: mooncake, "
-                        "mooncake-synthetic)")
+                   help="Mooncake-format JSONL trace: a path, or mooncake, mooncake-synthetic")
     p.add_argument("--model", default=d.model, help="model name sent in requests")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--admin-key", default=os.environ.get("LMROUTE_ADMIN_KEY", ""),
