@@ -12,6 +12,7 @@ import pytest
 
 from router.cli import main
 from sim.des.generators import BURST_OFF_S, BURST_ON_S, GENERATORS, on_off_starts
+from sim.des.trace import load_trace
 from sim.des.workload import OpenLoop, SessionWorkload
 from sim.experiments.gauntlet import HARDWARE, design, hardware_row
 from sim.experiments.gauntlet_report import ratios, t_ci
@@ -71,6 +72,16 @@ def test_long_sessions_start_at_128k_and_mooncake_is_open_loop() -> None:
     assert isinstance(slow, OpenLoop) and isinstance(fast, OpenLoop)
     assert len(fast.arrivals) > 1.5 * len(slow.arrivals)
     assert all(t < 60.0 for t, _ in fast.arrivals)
+
+
+def test_mooncake_synthetic_ships_and_replays_its_multi_turn_prefixes() -> None:
+    records = load_trace("mooncake-synthetic")
+    assert len(records) == 3993  # the release's count (sim/des/traces/README.md)
+    work = GENERATORS["mooncake-synthetic"](random.Random(0), 1.0, 300.0, CHUNK)
+    assert isinstance(work, OpenLoop) and len(work.arrivals) > 500
+    chains = [r.chain for _, r in work.arrivals if r.chain]
+    firsts = [c[0] for c in chains]
+    assert len(set(firsts)) < len(firsts)  # later turns reuse earlier turns' prefixes
 
 
 def test_hardware_rows_and_the_one_axis_design() -> None:
