@@ -32,13 +32,19 @@ the real policy, never a policy input in the router. Index capacities equal the 
 (GPU blocks per replica, pool chunks): ``router.locator.capacity_from_bytes`` of the
 profile's bytes. The pool is one per cluster, shared by all routers' requests.
 
+``shared_index=True`` gives every router one index (the deployment with ``--index redis://...``:
+routers write what they served into one Redis index and all read it), still written only
+on completion of a request by the router that served it; in-flight counts, session memory
+and policies stay each router's own (lmroute keeps those in process).
+
 Parameters: ``profile``, ``replicas`` (count; ids ``r0``..), ``pool_on``, ``pool_bytes``
 (default: the profile's), ``oracle``, ``routers`` (count, default 1), ``scrape_interval_s``
 (0: metrics fresh at decision time; > 0: router ``i`` scrapes at ``phase_i + k *
 interval`` for every integer ``k``, ``phase_i = i * interval / routers``, staggered so the
 routers' views differ), ``balancer`` (``random`` | ``round-robin``), ``rng`` (the
-balancer's ``random.Random``; default ``Random(0)``). With ``routers=1`` and
-``scrape_interval_s=0`` the cluster behaves exactly as the single-router simulator did.
+balancer's ``random.Random``; default ``Random(0)``), ``shared_index`` (above). With
+``routers=1`` and ``scrape_interval_s=0`` the cluster behaves exactly as the single-router
+simulator did.
 """
 
 from __future__ import annotations
@@ -95,14 +101,11 @@ class SimRouter:
     ``cluster``; everything else it knows it learned from its own requests.
     """
 
-    def __init__(self, number: int, cluster: Cluster, phase_s: float) -> None:
-        profile = cluster.profile
+    def __init__(self, number: int, cluster: Cluster, phase_s: float,
+                 index: MemoryIndex | None = None) -> None:
         self.number = number
         self.cluster = cluster
-        capacity = capacity_from_bytes(profile.gpu_kv_bytes, cluster.pool.capacity_bytes,
-                                       profile.chunk_tokens, profile.bytes_per_token)
-        self.index = MemoryIndex(capacity, clock=cluster.loop.clock,
-                                 block_tokens=profile.chunk_tokens)
+        self.index = index or cluster.new_index()
         self.in_flight = dict.fromkeys(cluster.ids, 0)
         self.sessions = SessionMemory()
         self.phase_s = phase_s
@@ -178,7 +181,8 @@ class Cluster:
                  pool_bytes: int | None = None, oracle: bool = False, routers: int = 1,
                  scrape_interval_s: float = 0.0, balancer: str = "random",
                  rng: random.Random | None = None,
-                 replica_profiles: Mapping[str, Profile] | None = None) -> None:
+                 replica_profiles: Mapping[str, Profile] | None = None,
+                 shared_index: bool = False) -> None:
         if replicas < 1:
             raise ValueError("at least one replica")
         if routers < 1:
@@ -201,8 +205,16 @@ class Cluster:
         self.oracle = oracle
         self.scrape_interval_s = scrape_interval_s
         self.balancer = Balancer(routers, balancer, rng or random.Random(0))
-        self.routers = [SimRouter(i, self, i * scrape_interval_s / routers)
+        shared = self.new_index() if shared_index else None
+        self.routers = [SimRouter(i, self, i * scrape_interval_s / routers, shared)
                         for i in range(routers)]
+
+    def new_index(self) -> MemoryIndex:
+        """A router's index: capacities from the profile's bytes, the loop's clock."""
+        p = self.profile
+        capacity = capacity_from_bytes(p.gpu_kv_bytes, self.pool.capacity_bytes,
+                                       p.chunk_tokens, p.bytes_per_token)
+        return MemoryIndex(capacity, clock=self.loop.clock, block_tokens=p.chunk_tokens)
 
     @property
     def pool_on(self) -> bool:

@@ -134,20 +134,22 @@ def run_arm(profile: Profile, replicas: int, arm: SimArm,
             workload: Callable[[random.Random], Workload], seed: int,
             pool_bytes: int | None = None, routers: int = 1, scrape_interval_s: float = 0.0,
             balancer: str = "random",
-            replica_profiles: Mapping[str, Profile] | None = None) -> ArmRecords:
+            replica_profiles: Mapping[str, Profile] | None = None,
+            shared_index: bool = False) -> ArmRecords:
     """A fresh cluster and policies; the workload built from ``random.Random(seed)``.
 
     ``routers``: router processes behind a plain load balancer (``balancer``: ``random`` or
     ``round-robin``, no session affinity), each with its own fresh policy from
     ``make_policy``; ``scrape_interval_s``: how stale their engine metrics are (0: fresh).
     ``replica_profiles``: replicas whose physics differ from ``profile`` (a heterogeneous
-    fleet). See ``sim.des.cluster``. The balancer draws from its own ``random.Random`` seeded from
+    fleet). ``shared_index``: the routers share one index (Redis). See ``sim.des.cluster``.
+    The balancer draws from its own ``random.Random`` seeded from
     ``seed``, apart from the workload's, so every arm still replays the same workload.
     """
     cluster = Cluster(profile, replicas, pool_on=arm.pool_on, pool_bytes=pool_bytes,
                       oracle=arm.oracle, routers=routers, scrape_interval_s=scrape_interval_s,
                       balancer=balancer, rng=random.Random(f"balancer/{seed}"),
-                      replica_profiles=replica_profiles)
+                      replica_profiles=replica_profiles, shared_index=shared_index)
     load = workload(random.Random(seed))
     policies = [make_policy(arm, profile) for _ in range(routers)]
     # CPU time of this process: a measure of the simulator's own cost, not an input to it.

@@ -120,6 +120,7 @@ class Job:
     seed: int
     duration_s: float
     base_profile: str
+    shared_index: bool = False  # routers share one index (Redis), else each its own
 
 
 def design(workloads: Sequence[str], hardware: Sequence[str], replicas: Sequence[int],
@@ -144,7 +145,8 @@ def simulate(job: Job) -> list[float]:
         return gen(rng, scale, job.duration_s, profile.chunk_tokens)
 
     records = run_arm(profile, job.replicas, arm, workload, job.seed, routers=job.routers,
-                      replica_profiles={"r0": slow} if slow is not None else None).records
+                      replica_profiles={"r0": slow} if slow is not None else None,
+                      shared_index=job.shared_index).records
     lo = WARMUP * job.duration_s
     return [r.ttft_s for r in records if lo <= r.arrival < job.duration_s and r.measured]
 
@@ -253,6 +255,7 @@ class GauntletConfig:
     knee_iters: int = 3
     knees: tuple[tuple[str, float], ...] = ()  # given knees (workload, rate scale): no search
     axis_workloads: tuple[str, ...] = AXIS_WORKLOADS
+    shared_index: bool = False  # several routers share one index (``--index redis://``)
     jobs: int = 1
 
     def validate(self) -> None:
@@ -300,7 +303,8 @@ def run_gauntlet(cfg: GauntletConfig, progress: Progress | None = None) -> dict[
             knees[w] = find_knee(w, baselines, runner, duration_s=cfg.duration_s,
                                  base_profile=cfg.base_profile, iters=cfg.knee_iters)
         batch = [Job(c.workload, c.hardware, c.replicas, c.routers,
-                     knees[c.workload]["rate_scale"] * m, p, s, cfg.duration_s, cfg.base_profile)
+                     knees[c.workload]["rate_scale"] * m, p, s, cfg.duration_s, cfg.base_profile,
+                     cfg.shared_index)
                  for c in cells for m in cfg.loads for p in policies for s in range(cfg.seeds)]
         progress.start(len(batch), "gauntlet")
         results = runner.run(batch)

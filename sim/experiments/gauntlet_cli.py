@@ -22,7 +22,7 @@ QUICK: dict[str, Any] = {
     "loads": "0.5,1,1.5", "seeds": 2, "duration": 300.0, "knee_iters": 2,
 }
 FULL: dict[str, Any] = {
-    "workloads": "mooncake,agents,docqa,tenants,bursty,long", "policies": "",
+    "workloads": "mooncake,mooncake-synthetic,agents,docqa,tenants,bursty,long", "policies": "",
     "hardware": "study-27b,prefill-0.33x,prefill-3x,attn-3x,pool-4x-slower,small-gpu,no-pool,hetero",
     "replicas": "2,4,8,16", "routers": "1,4", "loads": "0.25,0.5,0.75,1,1.25,1.5", "seeds": 3,
     "duration": 900.0, "knee_iters": 3,
@@ -54,7 +54,8 @@ def config(args: argparse.Namespace) -> Any:
         loads=tuple(float(x) for x in _split(pick["loads"])), seeds=int(pick["seeds"]),
         duration_s=float(pick["duration"]), base_profile=args.profile,
         oracle_prior=args.oracle_prior, knee_iters=int(pick["knee_iters"]),
-        knees=_knees(args.knee), jobs=args.jobs if args.jobs else default_jobs())
+        knees=_knees(args.knee), shared_index=args.shared_index,
+        jobs=args.jobs if args.jobs else default_jobs())
 
 
 def command(args: argparse.Namespace) -> int:
@@ -105,6 +106,9 @@ def add_gauntlet(scenarios: Any) -> None:
     p.add_argument("--quick", action="store_true", help="a small subset (< 5 min on 2 cores)")
     p.add_argument("--oracle-prior", action="store_true",
                    help="add a locality+oracle-prior arm (the profile as its prior)")
+    p.add_argument("--shared-index", action="store_true",
+                   help="several routers share one prefix index (as with --index redis://); "
+                        "default: each router its own")
     p.add_argument("--profile", default="study-27b",
                    help="base hardware the rows derive from (a built-in name or a file)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: <= 2)")

@@ -50,6 +50,23 @@ def test_each_router_index_holds_only_the_chains_it_served() -> None:
                 assert seen.gpu == {} and seen.pool == 0
 
 
+def test_a_shared_index_shows_every_router_what_any_router_served() -> None:
+    # The --index redis:// deployment: one index, written by the router that served.
+    docs = _docs(12, 64)
+    cluster = Cluster(TINY, 3, pool_on=True, routers=4, balancer="round-robin",
+                      shared_index=True)
+    workload = SessionWorkload(docs, starts=[0.5 * i for i in range(12)])
+    records = Run(cluster, _policies("least_loaded", 4), workload).execute()
+    chains = {d.session: d.turns[0].chain for d in docs}
+    assert len({id(r.index) for r in cluster.routers}) == 1
+    for rec in records:
+        for router in cluster.routers:
+            seen = router.index.lookup_now(chains[rec.session])
+            assert seen.gpu == {rec.replica: 4} and seen.pool == 4
+        # session memory stays each router's own
+        assert [r.sessions.last(rec.session) is not None for r in cluster.routers].count(True) == 1
+
+
 def test_round_robin_takes_the_routers_in_turn() -> None:
     cluster = Cluster(TINY, 2, pool_on=False, routers=3, balancer="round-robin")
     records = Run(cluster, _policies("least_loaded", 3), SessionWorkload(_docs(7, 64))).execute()
