@@ -66,7 +66,7 @@ def test_a_replica_with_another_profile_or_time_scale_is_refused(
 
 
 def test_an_unreachable_pool_is_a_clear_start_up_error() -> None:
-    with pytest.raises(ValueError, match="pool redis://127.0.0.1:1/0"):
+    with pytest.raises(ValueError, match=r"pool redis://127\.0\.0\.1:1/0"):
         RedisPool.connect("redis://127.0.0.1:1/0", TINY, 1.0)
 
 
