@@ -68,3 +68,23 @@ def subcommand_flags(command: str) -> set[str]:
 def replica_args(argv: list[str]) -> Any:
     """``lmroute replica ARGV`` parsed by the real CLI (SystemExit on a bad flag)."""
     return build_parser().parse_args(["replica", *argv])
+
+
+_SUFFIXES = {"histogram": ("_bucket", "_sum", "_count")}
+
+
+def exported_names(exposition: str) -> set[str]:
+    """Series names a Prometheus text exposition offers, from its ``# TYPE`` lines (a
+    histogram ``x`` is scraped as ``x_bucket``, ``x_sum``, ``x_count``; the client names
+    counters with their ``_total``)."""
+    names: set[str] = set()
+    for line in exposition.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            names.update(name + s for s in _SUFFIXES.get(kind, ("",)))
+    return names
+
+
+def metric_words(expr: str) -> set[str]:
+    """Identifiers in a PromQL expression (metric names among them)."""
+    return set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr))
