@@ -24,20 +24,17 @@ from typing import Any
 import pytest
 
 try:
+    from markers import deselect_unless_chosen
     from servers_redis import free_port
     from stack import COMPOSE_FILE, IMAGE, REDIS_IMAGE, Stack, wait_ok
 except ImportError:  # tests/ became a package
     from tests.deploy.stack import COMPOSE_FILE, IMAGE, REDIS_IMAGE, Stack, wait_ok
+    from tests.markers import deselect_unless_chosen
     from tests.servers_redis import free_port
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("markexpr"):
-        return
-    chosen = [i for i in items if i.get_closest_marker("deploy") is None]
-    if len(chosen) != len(items):
-        config.hook.pytest_deselected(items=[i for i in items if i not in chosen])
-        items[:] = chosen
+    deselect_unless_chosen(config, items, "deploy")
 
 
 @pytest.fixture(scope="session")
