@@ -126,10 +126,10 @@ class RedisPool:
         """The pool's model clock (see the module docstring)."""
         return (time.time() - self.epoch) / self.time_scale
 
-    def _ready_times(self, chain: Sequence[BlockKey]) -> list[bytes | None]:
+    def _ready_times(self, chain: Sequence[BlockKey]) -> list[bytes | str | None]:
         if not chain:
             return []
-        held: list[bytes | None] = self._r.hmget(PREFIX + "ready", [str(k) for k in chain])
+        held: list[bytes | str | None] = self._r.hmget(PREFIX + "ready", [str(k) for k in chain])
         return held
 
     def contains_prefix(self, chain: Sequence[BlockKey], at: float = math.inf) -> int:
@@ -182,7 +182,8 @@ class RedisPool:
 
     def clear(self) -> tuple[BlockKey, ...]:
         """Empty the pool (a restart); returns the keys that were held."""
-        keys = tuple(int(k) for k in self._r.zrange(PREFIX + "lru", 0, -1))
+        held: list[bytes] = self._r.zrange(PREFIX + "lru", 0, -1)  # type: ignore[assignment]
+        keys = tuple(int(k) for k in held)
         self._r.delete(PREFIX + "lru", PREFIX + "ready")
         return keys
 
