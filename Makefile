@@ -45,7 +45,7 @@ vllm-venv: $(VLLM_STAMP)
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	mkdir -p out
 	LMROUTE_VLLM_PYTHON=$(VLLM_VENV)/bin/python LMROUTE_E2E_REPORT=out/e2e-vllm.json \
-	  $(BIN)/pytest -q -p no:cacheprovider -m vllm tests/e2e
+	  $(BIN)/pytest -q -p no:cacheprovider -m vllm tests/e2e tests/deploy
 
 # The router image and the emulated compose stack, really run (root: apt, dockerd; see
 # deploy/test-setup.sh). Numbers (image size, start time, the session) in out/deploy.json.

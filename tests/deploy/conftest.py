@@ -35,6 +35,7 @@ except ImportError:  # tests/ became a package
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     deselect_unless_chosen(config, items, "deploy")
+    deselect_unless_chosen(config, items, "vllm")  # test_vllm_flags.py: make test-vllm
 
 
 @pytest.fixture(scope="session")
