@@ -18,7 +18,9 @@ FROM ${BASE} AS build
 ARG PIP_NO_INDEX
 ARG PIP_FIND_LINKS
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-# Only what the package needs: no tests, docs, sim data beyond the wheel's, no .venv.
+# Only the package's sources (.dockerignore keeps tests, docs and any .venv out). sim/
+# comes along because the wheel holds it; `lmroute replica` runs on the router's own
+# dependencies, the rest of sim/ is unusable without the sim extra and stays unused.
 COPY pyproject.toml README.md /src/
 COPY router /src/router
 COPY policies /src/policies
@@ -31,8 +33,8 @@ RUN python3 -m venv /opt/lmroute \
  && /opt/lmroute/bin/pip uninstall -y pip \
  && /opt/lmroute/bin/lmroute serve --help >/dev/null
 
-# pip compiled the bytecode at install: the non-root user could not write it, and a
-# start without it compiles every module (seconds).
+# The venv keeps the bytecode pip compiled at install: the non-root user could not write
+# it, and a start without it compiles every module (seconds).
 FROM ${BASE}
 COPY --from=build /opt/lmroute /opt/lmroute
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin lmroute

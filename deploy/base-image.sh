@@ -10,8 +10,8 @@
 #
 # Skips an image that exists. Needs root, debootstrap and a running dockerd; the
 # Debian mirror is debootstrap's default unless DEBIAN_MIRROR is set (e.g. to the host's).
-# python3-venv: the Dockerfile makes a venv; ca-certificates: TLS from inside (tokenizer
-# downloads are not done by the router, but users' images may need it).
+# python3-venv: the Dockerfile makes a venv; ca-certificates: TLS from inside (the GPU
+# compose file's tokenizer fetch runs in the router image).
 set -euo pipefail
 IMAGE=${1:-lmroute-base:bookworm}
 REDIS_IMAGE=${2:-lmroute-redis:bookworm}
