@@ -70,12 +70,19 @@ def model_replica(
     kv_events_topic: str = "kv-events",
     faults: Faults | None = None,
     fixed_created: int | None = None,
+    start: float | None = None,
 ) -> EmulatedReplica:
-    """An emulated replica whose timing is the replica model of ``profile``."""
+    """An emulated replica whose timing is the replica model of ``profile``.
+
+    ``start``: the ``time.monotonic()`` its model clock counts from (default: now).
+    Replicas sharing an in-process pool need one ``start``: ready times in the pool are
+    on the clock of the replica that stored them, and a second replica built ``g``
+    seconds later would otherwise see every chunk ``g`` seconds late (a miss under load).
+    A ``RedisPool`` brings its own epoch on the wall clock instead."""
     publisher = KvEventPublisher(kv_events_endpoint, kv_events_topic) if kv_events_endpoint else None
     engine = ModelEngine(ReplicaModel(name, profile, pool), model_name=model,
                          block_size=block_size, publisher=publisher)
-    clock: dict[str, Any] = {}
+    clock: dict[str, Any] = {"start": start}
     if isinstance(pool, RedisPool):  # one model clock for every replica of the pool
         clock = {"clock": time.time, "start": pool.epoch}
     return EmulatedReplica(model=model, engine=engine, time_scale=time_scale,
@@ -170,8 +177,9 @@ async def emulated_deployment(profile: Profile, *, policy: str, pool_on: bool, m
     from router.settings import Settings
 
     pool = profile.make_pool() if pool_on else None
-    built = [model_replica(f"r{i}", profile, pool, model=model, time_scale=time_scale)
-             for i in range(replicas)]
+    start = time.monotonic()  # one model clock for replicas sharing the pool
+    built = [model_replica(f"r{i}", profile, pool, model=model, time_scale=time_scale,
+                           start=start) for i in range(replicas)]
     servers = LoopServers([create_replica_app(r) for r in built])
     options: dict[str, Any] = {"health_interval_s": 1.0, "scrape_interval_s": 0.5,
                                "pool_bytes": profile.pool_bytes if pool_on else 0}
