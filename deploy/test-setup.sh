@@ -11,13 +11,18 @@ cd "$(dirname "$0")/.."
 IMAGE=${1:-lmroute:test}
 step() { local t=$SECONDS; "$@"; echo "test-setup: $* ($((SECONDS - t)) s)"; }
 
+# dockerd comes from Debian's Docker engine package: the one docker-compose recommends,
+# read from apt's metadata.
 install_packages() {
-  local missing=()
-  command -v dockerd >/dev/null || missing+=(docker.io)
+  local missing=() updated=0
   command -v docker-compose >/dev/null || missing+=(docker-compose)
   command -v debootstrap >/dev/null || missing+=(debootstrap)
+  if ! command -v dockerd >/dev/null; then
+    apt-get update -q >/dev/null && updated=1
+    missing+=("$(apt-cache show docker-compose | sed -n 's/^Recommends: \([^ ,(]*\).*/\1/p' | head -1)")
+  fi
   if ((${#missing[@]})); then
-    apt-get update -q >/dev/null
+    ((updated)) || apt-get update -q >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
   fi
 }
