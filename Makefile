@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-vllm events-report vllm-venv lint bench clean
+.PHONY: install demo test test-vllm test-deploy test-compose events-report vllm-venv lint bench clean
 
 # The venv is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -21,7 +21,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check router policies sim tests bench
 	$(BIN)/mypy
-	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm"
+	$(BIN)/pytest -q -p no:cacheprovider -m "not vllm and not deploy"
 
 # Real-vLLM (CPU) engine suite: its own venv, kept between runs; the stamp is written only
 # after vLLM imports cleanly, so a broken or partial install is redone, a good one skipped.
@@ -45,7 +45,17 @@ vllm-venv: $(VLLM_STAMP)
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	mkdir -p out
 	LMROUTE_VLLM_PYTHON=$(VLLM_VENV)/bin/python LMROUTE_E2E_REPORT=out/e2e-vllm.json \
-	  $(BIN)/pytest -q -p no:cacheprovider -m vllm tests/e2e
+	  $(BIN)/pytest -q -p no:cacheprovider -m vllm tests/e2e tests/deploy
+
+# The router image and the emulated compose stack, really run (root: apt, dockerd; see
+# deploy/test-setup.sh). Numbers (image size, start time, the session) in out/deploy.json.
+test-deploy: $(STAMP)
+	deploy/test-setup.sh lmroute:test
+	mkdir -p out
+	LMROUTE_IMAGE=lmroute:test LMROUTE_DEPLOY_REPORT=out/deploy.json \
+	  $(BIN)/pytest -q -p no:cacheprovider -m deploy tests/deploy
+
+test-compose: test-deploy
 
 # Precise (KV events) vs approximate index on real vLLM: docs/events.md's numbers.
 events-report: $(STAMP) $(VLLM_STAMP)
@@ -60,4 +70,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/router_bench.py
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) out .wheels .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -3,7 +3,8 @@
     lmroute serve    --backend URL [--backend URL ...] [--policy NAME] [--config FILE] ...
     lmroute policies                                 list the registered routing policies
 
-and, from ``sim/`` (``sim.cli.add_sim_commands``; they need the ``sim`` extra):
+and, from ``sim/`` (``sim.cli.add_sim_commands``; they need the ``sim`` extra and are
+absent without it, as in the router image):
 
     lmroute replica  --port N ...                    an emulated vLLM(+LMCache) replica
     lmroute demo     [--json PATH] [--plot PATH]     emulated replicas + router, policies compared
@@ -83,9 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
     pol = sub.add_parser("policies", help="list routing policies")
     pol.set_defaults(func=_policies)
-    from sim.cli import add_sim_commands
+    try:
+        from sim.cli import add_sim_commands
 
-    add_sim_commands(sub)
+        add_sim_commands(sub)
+    except ImportError:  # the router alone (no `sim` extra, e.g. the image): serve, policies
+        pass
     return parser
 
 

@@ -7,7 +7,8 @@ and exits 2.
 
 - ``replica --profile constant`` (the default) answers after the fixed ``--ttft``/``--tpot``;
   any other profile runs the replica model with a GPU prefix cache, a pool
-  (``--pool off|local|NAME``) and, with ``--kv-events-endpoint``, vLLM-format KV events
+  (``--pool off|local|redis://HOST:PORT/DB|NAME``: the URL shares it across processes)
+  and, with ``--kv-events-endpoint``, vLLM-format KV events
   from a ZMQ PUB socket bound there.
 - ``sim SCENARIO``: a discrete-event scenario (``sim.experiments.scenarios``/``reproduce``),
   a markdown table, JSON and PNG; ``sim gauntlet``: ``sim.experiments.gauntlet_cli``.
@@ -76,7 +77,7 @@ def _replica(args: argparse.Namespace) -> int:
     else:
         try:
             profile = load_profile(args.profile)
-            pool = PoolRegistry().resolve(args.pool, profile)
+            pool = PoolRegistry().resolve(args.pool, profile, args.time_scale)
             replica = model_replica(
                 args.name, profile, pool, model=args.model, time_scale=args.time_scale,
                 block_size=args.block_size, kv_events_endpoint=args.kv_events_endpoint,
@@ -100,7 +101,8 @@ def _add_replica(sub: Any) -> None:
     rep.add_argument("--profile", default="constant",
                      help="timing: 'constant' (--ttft/--tpot), or " + PROFILE_HELP)
     rep.add_argument("--pool", default="local",
-                     help="shared pool: off, local, or a name shared in this process")
+                     help="shared pool: off, local, redis://HOST:PORT/DB (shared by every "
+                          "replica process given it), or a name shared in this process")
     rep.add_argument("--block-size", type=int, default=16,
                      help="engine block size of GPU KV events (divides the profile's chunk)")
     rep.add_argument("--kv-events-endpoint", default=None,
@@ -394,6 +396,8 @@ def _add_ab(sub: Any) -> None:
 
 
 def add_sim_commands(sub: Any) -> None:
-    """Register ``replica``, ``demo``, ``live``, ``sim`` and ``ab`` on ``sub``."""
+    """Register ``replica`` (the router's dependencies suffice: the router image runs it),
+    then ``demo``, ``live``, ``sim`` and ``ab``, which import the ``sim`` extra: without it
+    they raise ImportError, which ``router.cli`` takes as "not installed"."""
     for add in (_add_replica, _add_demo, _add_live, _add_sim, _add_ab):
         add(sub)

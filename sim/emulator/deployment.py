@@ -1,10 +1,12 @@
 """Build emulated replicas of one deployment and serve them (and a router) in one event loop.
 
 Pool spec (``--pool``): ``off`` (no shared pool: the study's OFF), ``local`` (a pool of its
-own), or any other name: the in-process pool of that name from a ``PoolRegistry``, so
-replicas built with the same name share one ``SharedPool`` object (the demo's two
-replicas). Sharing across processes is not implemented: separate ``lmroute replica``
-processes with the same name each get their own pool.
+own), ``redis://HOST:PORT/DB`` (a ``RedisPool``: the pool's residency in Redis, shared by
+every replica process given the same URL, sim.emulator.redis_pool), or any other name:
+the in-process pool of that name from a ``PoolRegistry``, so replicas built with the same
+name share one ``SharedPool`` object (the demo's two replicas; separate processes with
+the same name each get their own pool). A replica on a ``RedisPool`` runs its model clock
+from the pool's epoch, so ready times compare across processes.
 
 ``LoopServers`` runs several ``uvicorn.Server`` instances as tasks of the running loop on
 127.0.0.1 ports it picks, waits until each has started, and stops them all (graceful
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -30,9 +33,10 @@ import uvicorn
 
 from sim.emulator.engine import DEFAULT_BLOCK_SIZE, ModelEngine
 from sim.emulator.kv_events import KvEventPublisher
+from sim.emulator.redis_pool import RedisPool
 from sim.emulator.server import EmulatedReplica, Faults, create_replica_app
 from sim.replica.model import ReplicaModel
-from sim.replica.pool import SharedPool
+from sim.replica.pool import Pool, SharedPool
 from sim.replica.profiles import Profile
 
 
@@ -42,11 +46,13 @@ class PoolRegistry:
 
     pools: dict[str, SharedPool] = field(default_factory=dict)
 
-    def resolve(self, spec: str, profile: Profile) -> SharedPool | None:
+    def resolve(self, spec: str, profile: Profile, time_scale: float = 1.0) -> Pool | None:
         if spec == "off":
             return None
         if spec == "local":
             return profile.make_pool()
+        if spec.startswith(("redis://", "rediss://", "unix://")):
+            return RedisPool.connect(spec, profile, time_scale)
         if spec not in self.pools:
             self.pools[spec] = profile.make_pool()
         return self.pools[spec]
@@ -55,7 +61,7 @@ class PoolRegistry:
 def model_replica(
     name: str,
     profile: Profile,
-    pool: SharedPool | None,
+    pool: Pool | None,
     *,
     model: str,
     time_scale: float,
@@ -64,13 +70,24 @@ def model_replica(
     kv_events_topic: str = "kv-events",
     faults: Faults | None = None,
     fixed_created: int | None = None,
+    start: float | None = None,
 ) -> EmulatedReplica:
-    """An emulated replica whose timing is the replica model of ``profile``."""
+    """An emulated replica whose timing is the replica model of ``profile``.
+
+    ``start``: the ``time.monotonic()`` its model clock counts from (default: now).
+    Replicas sharing an in-process pool need one ``start``: ready times in the pool are
+    on the clock of the replica that stored them, and a second replica built ``g``
+    seconds later would otherwise see every chunk ``g`` seconds late (a miss under load).
+    A ``RedisPool`` brings its own epoch on the wall clock instead."""
     publisher = KvEventPublisher(kv_events_endpoint, kv_events_topic) if kv_events_endpoint else None
     engine = ModelEngine(ReplicaModel(name, profile, pool), model_name=model,
                          block_size=block_size, publisher=publisher)
+    clock: dict[str, Any] = {"start": start}
+    if isinstance(pool, RedisPool):  # one model clock for every replica of the pool
+        clock = {"clock": time.time, "start": pool.epoch}
     return EmulatedReplica(model=model, engine=engine, time_scale=time_scale,
-                           block_size=block_size, faults=faults, fixed_created=fixed_created)
+                           block_size=block_size, faults=faults, fixed_created=fixed_created,
+                           **clock)
 
 
 def close_replica(replica: EmulatedReplica) -> None:
@@ -78,6 +95,8 @@ def close_replica(replica: EmulatedReplica) -> None:
     engine = replica.engine
     if isinstance(engine, ModelEngine) and engine.publisher is not None:
         engine.publisher.close()
+    if isinstance(engine, ModelEngine) and isinstance(engine.model.pool, RedisPool):
+        engine.model.pool.close()
 
 
 class LoopServers:
@@ -158,8 +177,9 @@ async def emulated_deployment(profile: Profile, *, policy: str, pool_on: bool, m
     from router.settings import Settings
 
     pool = profile.make_pool() if pool_on else None
-    built = [model_replica(f"r{i}", profile, pool, model=model, time_scale=time_scale)
-             for i in range(replicas)]
+    start = time.monotonic()  # one model clock for replicas sharing the pool
+    built = [model_replica(f"r{i}", profile, pool, model=model, time_scale=time_scale,
+                           start=start) for i in range(replicas)]
     servers = LoopServers([create_replica_app(r) for r in built])
     options: dict[str, Any] = {"health_interval_s": 1.0, "scrape_interval_s": 0.5,
                                "pool_bytes": profile.pool_bytes if pool_on else 0}

@@ -78,7 +78,7 @@ class EmulatedReplica:
     def __init__(self, *, model: str, engine: Engine, time_scale: float = 1.0,
                  clock: Clock = time.monotonic, fixed_created: int | None = None,
                  max_model_len: int = 1_048_576, block_size: int = 16,
-                 faults: Faults | None = None):
+                 faults: Faults | None = None, start: float | None = None):
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
         self.model = model
@@ -93,7 +93,7 @@ class EmulatedReplica:
         self._labels = {"model_name": model, "engine": "0"}
         self.metrics.touch(self._labels)
         self._seq = 0
-        self._start = clock()
+        self._start = clock() if start is None else start  # a shared pool's epoch
 
     def model_now(self) -> float:
         """The engine's clock: model seconds since this replica started."""

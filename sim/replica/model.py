@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.replica.gpu_cache import NO_CHANGE, BlockKey, CacheChange, GpuPrefixCache
-from sim.replica.pool import SharedPool
+from sim.replica.pool import Pool
 from sim.replica.profiles import Profile
 
 
@@ -101,7 +101,7 @@ class Timeline:
 class ReplicaModel:
     """One replica: GPU prefix cache, access to a shared pool, a FIFO prefill engine."""
 
-    def __init__(self, replica: str, profile: Profile, pool: SharedPool | None = None) -> None:
+    def __init__(self, replica: str, profile: Profile, pool: Pool | None = None) -> None:
         if pool is not None and (
             pool.chunk_tokens != profile.chunk_tokens
             or pool.bytes_per_token != profile.bytes_per_token

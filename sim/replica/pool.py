@@ -25,8 +25,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
 from sim.replica.gpu_cache import NO_CHANGE, BlockKey, BlockLRU, CacheChange
+
+
+class Pool(Protocol):
+    """What a replica model asks of a pool: ``SharedPool`` (in-process) or the emulator's
+    ``RedisPool`` (shared by replica processes, sim.emulator.redis_pool)."""
+
+    chunk_tokens: int
+    bytes_per_token: int
+    enabled: bool
+
+    def contains_prefix(self, chain: Sequence[BlockKey], at: float = math.inf) -> int: ...
+
+    def count_missing(self, chain: Sequence[BlockKey]) -> int: ...
+
+    def store(self, chain: Sequence[BlockKey], ready_at: float = 0.0) -> CacheChange: ...
+
+    def record_load(self, chunks: int) -> bool: ...
 
 
 class SharedPool:

@@ -15,18 +15,15 @@ import pytest
 from vllm_servers import REPO, VllmServer, make_model, vllm_python
 
 try:
+    from markers import deselect_unless_chosen
     from servers_redis import free_port
 except ImportError:
+    from tests.markers import deselect_unless_chosen
     from tests.servers_redis import free_port
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("markexpr"):
-        return
-    chosen = [i for i in items if i.get_closest_marker("vllm") is None]
-    if len(chosen) != len(items):
-        config.hook.pytest_deselected(items=[i for i in items if i not in chosen])
-        items[:] = chosen
+    deselect_unless_chosen(config, items, "vllm")
 
 
 @pytest.fixture(scope="session")

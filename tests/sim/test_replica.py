@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import httpx
@@ -25,7 +26,9 @@ VLLM_NAMES = {
 @pytest.fixture
 async def pair() -> AsyncIterator[list[str]]:
     pool = PoolRegistry().resolve("shared", TINY)
-    replicas = [model_replica(n, TINY, pool, model=MODEL, time_scale=0.01) for n in "ab"]
+    start = time.monotonic()  # one model clock: the pool's ready times compare
+    replicas = [model_replica(n, TINY, pool, model=MODEL, time_scale=0.01, start=start)
+                for n in "ab"]
     try:
         async with LoopServers([create_replica_app(r) for r in replicas]) as urls:
             yield urls
@@ -100,3 +103,22 @@ async def test_pool_off_replicas_recompute() -> None:
     finally:
         for r in replicas:
             close_replica(r)
+
+
+async def test_a_replica_built_later_on_the_same_pool_still_sees_its_chunks() -> None:
+    """Replicas of one in-process pool share one model clock: built 0.3 s apart (30 model
+    seconds at this scale), the later one still finds a chunk the first just stored."""
+    pool = PoolRegistry().resolve("shared", TINY)
+    start = time.monotonic()
+    first = model_replica("a", TINY, pool, model=MODEL, time_scale=0.01, start=start)
+    time.sleep(0.3)
+    later = model_replica("b", TINY, pool, model=MODEL, time_scale=0.01, start=start)
+    try:
+        async with LoopServers([create_replica_app(r) for r in (first, later)]) as (a, b), \
+                httpx.AsyncClient() as client:
+            doc = "A document both replicas read. " * 20
+            assert _cached(await _chat(client, a, doc)) == 0
+            assert _cached(await _chat(client, b, doc)) >= TINY.chunk_tokens
+    finally:
+        close_replica(first)
+        close_replica(later)
