@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-vllm test-deploy test-compose events-report vllm-venv lint bench clean
+.PHONY: install demo test test-vllm test-deploy test-compose bench-vllm-policies events-report vllm-venv lint bench clean
 
 # The venv is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -56,6 +56,13 @@ test-deploy: $(STAMP)
 	  $(BIN)/pytest -q -p no:cacheprovider -m deploy tests/deploy
 
 test-compose: test-deploy
+
+# Every policy on the real vLLM pair, driven by vLLM's own benchmark client (~40 min on
+# 2 cores; not part of CI): docs/locality.md's real-engine numbers.
+bench-vllm-policies: $(STAMP) $(VLLM_STAMP)
+	LMROUTE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python bench/vllm_policies.py \
+	  --reps 3 --prompts 120 --rate 8 --chat-requests 150 --chat-block 32 --chat-speed 1.0 \
+	  --json docs/vllm-policies.json --plot docs/vllm-policies.png
 
 # Precise (KV events) vs approximate index on real vLLM: docs/events.md's numbers.
 events-report: $(STAMP) $(VLLM_STAMP)
