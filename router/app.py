@@ -89,7 +89,8 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     events = EngineEvents(sources, ingest, topic=settings.kv_events_topic)
     locator = Locator(index, metrics, block_bytes=settings.block_bytes,
                       pool_write_through=settings.pool_write_through and settings.pool_bytes > 0,
-                      tokenizer=tokenizer, block_tokens=block_tokens, precise=events.precise)
+                      tokenizer=tokenizer, block_tokens=block_tokens, precise=events.precise,
+                      default_model=settings.served_model)
     replicas.on_health_change = lambda r: locator.replica_health_changed(r.id, r.healthy)
     proxy = Proxy(replicas=replicas, upstream=upstream, policy=policy, locator=locator,
                   metrics=metrics, clock=clock, max_body_bytes=settings.max_body_bytes,

@@ -154,6 +154,8 @@ class Gate:
                 self._admin(request, access)
             elif access == "tenant":
                 tenant = self._tenant(request)
+                if tenant is not None:  # for the access log: the name, never the key
+                    request.scope.setdefault("state", {})["tenant"] = tenant.name
             if request.method == "POST":
                 body = await read_decoded(request, self.max_body_bytes)
                 if tenant is not None and proxied:

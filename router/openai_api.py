@@ -22,6 +22,7 @@ from typing import Any, Literal
 import orjson
 import xxhash
 
+from policies.options import OptionError, coerce
 from router.errors import BadRequest
 from router.jsonbody import load_json
 
@@ -76,18 +77,16 @@ def lax_int(value: Any) -> int | None:
 
 
 def lax_bool(value: Any) -> bool | None:
-    """pydantic's lax ``bool``: true/false, 0/1 and their usual strings."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
+    """pydantic's lax ``bool``: true/false, 0/1, and the words of ``policies.options``
+    plus pydantic's one-letter t/f/y/n."""
+    if isinstance(value, str) and value.strip().lower() in ("t", "y", "f", "n"):
+        return value.strip().lower() in ("t", "y")
+    if isinstance(value, float) and value in (0.0, 1.0):
         return bool(value)
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("1", "true", "t", "yes", "y", "on"):
-            return True
-        if text in ("0", "false", "f", "no", "n", "off"):
-            return False
-    return None
+    try:
+        return bool(coerce("stream", bool, value))
+    except OptionError:
+        return None
 
 
 def _content_chars(content: Any, where: str) -> int:

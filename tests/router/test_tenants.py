@@ -101,6 +101,9 @@ def test_no_prefix_is_shared_across_tenants_unless_they_share_a_cache_group(
     # in the router's index, none in the engines' prefix caches or the pool.
     other = [_send(url, "sk-globex", _chat(doc)) for doc in DOCS[:4]]
     other += [_send(url, "sk-globex", _chat(doc, cache_salt="guess")) for doc in DOCS[4:]]
+    print(f"cross-tenant: index hits {sum(r == 'gpu-hit' for r, _ in other)} of {N_DOCS}, "
+          f"engine cache hits {sum(c > 0 for _, c in other)} of {N_DOCS}; same tenant "
+          f"{sum(r == 'gpu-hit' and c > 0 for r, c in same)} of {N_DOCS}")
     assert sum(reason == "gpu-hit" for reason, _ in other) == 0
     assert sum(cached > 0 for _, cached in other) == 0
     # A tenant naming the same cache_group shares the prefixes.
