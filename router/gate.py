@@ -69,13 +69,17 @@ def salted(raw: bytes, tenant: Tenant) -> bytes:
     return orjson.dumps(body)
 
 
-def _replayed(request: Request, body: bytes, drop_auth: bool) -> Request:
-    """``request`` with ``body`` as its (decoded) body; later receives (the client's
-    disconnect) still come from the connection."""
-    dropped = _DROPPED | ({b"authorization"} if drop_auth else set())
+def _replayed(request: Request, body: bytes | None, drop_auth: bool) -> Request:
+    """``request`` with ``body`` as its (decoded) body (``None``: its own, unread) and
+    without ``Authorization`` if ``drop_auth``; later receives (the client's disconnect)
+    still come from the connection."""
+    dropped = {b"authorization"} if drop_auth else set()
+    if body is not None:
+        dropped |= _DROPPED
     headers = [(k, v) for k, v in request.scope["headers"] if k.lower() not in dropped]
+    if body is None:
+        return Request({**request.scope, "headers": headers}, request.receive)
     headers.append((b"content-length", str(len(body)).encode()))
-    scope = {**request.scope, "headers": headers}
     sent = False
 
     async def receive() -> Message:
@@ -85,7 +89,7 @@ def _replayed(request: Request, body: bytes, drop_auth: bool) -> Request:
             return {"type": "http.request", "body": body, "more_body": False}
         return await request.receive()
 
-    return Request(scope, receive)
+    return Request({**request.scope, "headers": headers}, receive)
 
 
 class _Egress(Response):
@@ -156,10 +160,12 @@ class Gate:
                 tenant = self._tenant(request)
                 if tenant is not None:  # for the access log: the name, never the key
                     request.scope.setdefault("state", {})["tenant"] = tenant.name
+            body: bytes | None = None
             if request.method == "POST":
                 body = await read_decoded(request, self.max_body_bytes)
                 if tenant is not None and proxied:
                     body = salted(body, tenant)
+            if body is not None or tenant is not None:
                 request = _replayed(request, body, drop_auth=tenant is not None)
             if access == "public":
                 return await handler(request)

@@ -8,13 +8,17 @@ router runs ``prefix_affinity`` (reason ``gpu-hit`` when the index knows the pre
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
 from servers import Server, replica, router
+from servers_redis import free_port
 
 from router.tenants import TenantFileError, Tenants, combine
 
@@ -193,3 +197,56 @@ def test_tenant_file_is_checked_and_salts_follow_cache_groups(tmp_path: Path) ->
         path.write_text(bad)
         with pytest.raises(TenantFileError):
             Tenants.from_file(path)
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """A bare upstream that records what reaches it (what a replica would see)."""
+
+    seen: ClassVar[list[tuple[str, dict[str, str], bytes]]] = []
+
+    def _answer(self, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self.seen.append((self.path, dict(self.headers), b""))
+        self._answer({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.seen.append((self.path, dict(self.headers), body))
+        self._answer({"id": "x", "object": "chat.completion", "choices": []})
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_tenant_keys_stay_at_the_router_and_the_salt_goes_on(
+        start_servers: Callable[[Server], Server], keys_file: Path, recorder: str) -> None:
+    url = start_servers(router([recorder], "--api-keys", str(keys_file))).url
+    _Recorder.seen.clear()
+    assert httpx.post(url + "/v1/chat/completions", json=_chat("hi", cache_salt="mine"),
+                      headers=_auth("sk-globex")).status_code == 200
+    assert httpx.get(url + "/v1/models", headers=_auth("sk-globex")).status_code == 200
+    sent = [(path, headers, body) for path, headers, body in _Recorder.seen
+            if path.startswith("/v1/")]
+    assert {path for path, _, _ in sent} == {"/v1/chat/completions", "/v1/models"}
+    assert all("sk-globex" not in str(headers) for _, headers, _ in sent)
+    body = json.loads(next(b for p, _, b in sent if p == "/v1/chat/completions"))
+    globex = Tenants.from_file(keys_file).lookup("sk-globex")
+    assert globex is not None and body["cache_salt"] == combine(globex.salt, "mine")
+    assert body["messages"] == _chat("hi")["messages"]
