@@ -163,9 +163,8 @@ def _session_key(endpoint: Endpoint, body: dict[str, Any], header: str | None) -
     salt = body.get("cache_salt")
     scope = salt.encode() if isinstance(salt, str) else b""
     user = body.get("user")
-    if header or (isinstance(user, str) and user):
-        given = header if header else user
-        assert given is not None
+    given = header or (user if isinstance(user, str) else None)
+    if given:
         tag = "s:" if header else "u:"
         return tag + xxhash.xxh3_128_hexdigest(
             b"%d:" % len(scope) + scope + given.encode("utf-8", "surrogatepass"))

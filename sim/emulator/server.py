@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from router.openai_api import lax_bool
 from sim.emulator.engine import ConstantEngine, Engine, TokenSchedule
 from sim.emulator.metrics import ReplicaMetrics
 from sim.emulator.tokens import prompt_token_ids, reply_words, tokenize_text
@@ -161,7 +162,7 @@ class EmulatedReplica:
         words = reply_words(ids, max_tokens, salt=1 if corrupt else 0)
         rid = self._request_id(request, "chatcmpl" if endpoint == "chat" else "cmpl")
         done = self._done_callback(ids, len(words))
-        if body.get("stream") in (True, 1, "true", "1"):
+        if lax_bool(body.get("stream")):  # vLLM reads it as pydantic's lax bool
             opts = body.get("stream_options")
             opts = opts if isinstance(opts, dict) else {}
             usage = _usage(len(ids), len(words), plan.cached_tokens)
