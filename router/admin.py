@@ -7,9 +7,10 @@
                                  JSON form of ``policies.split``)
     POST /admin/split/weights    {"weights": {"A": 0, "B": 100}} -> the split, re-weighted
 
-Auth: ``Authorization: Bearer KEY`` with the ``admin_key`` setting, compared in constant
-time; a missing or wrong key gets 401 (OpenAI-shaped). With no key configured the API is
-off: its routes answer 404, as if absent.
+Auth (``router.gate``, access "admin"): ``Authorization: Bearer KEY`` with the
+``admin_key`` setting, compared in constant time; a missing or wrong key gets 401
+(OpenAI-shaped). With no key configured the API is off: its routes answer 404, as if
+absent. Bodies come through the gate (size limit, decoding) and ``load_json`` (nesting).
 
 Atomic swap: the new policy object is built (and validated) first, then assigned to
 ``Proxy.policy`` in one statement. The router runs on one event loop, so no request sees
@@ -21,7 +22,6 @@ keeps its arm policy objects (their state carries over); a new policy starts fre
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,16 +31,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from policies import registry
-from router.errors import BadRequest, NotFound, Unauthorized
+from router.errors import BadRequest
+from router.jsonbody import load_json
 from router.proxy import Proxy
 
 
 class PolicyAdmin:
     """Owns the active policy's name and options; swaps ``proxy.policy``."""
 
-    def __init__(self, proxy: Proxy, key: str, name: str, options: Mapping[str, Any]):
+    def __init__(self, proxy: Proxy, name: str, options: Mapping[str, Any]):
         self.proxy = proxy
-        self.key = key
         self.name = name
         self.options = dict(options)
         self.switches = 0
@@ -68,20 +68,9 @@ class PolicyAdmin:
         self.options = options
         self.switches += 1
 
-    def check(self, request: Request) -> None:
-        if not self.key:
-            raise NotFound(f"no route {request.method} {request.url.path}")
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                 self.key.encode()):
-            raise Unauthorized("admin API: missing or wrong key (Authorization: Bearer KEY)")
-
 
 async def _body(request: Request) -> dict[str, Any]:
-    try:
-        data = orjson.loads(await request.body())
-    except orjson.JSONDecodeError:
-        raise BadRequest("admin body must be a JSON object") from None
+    data = load_json(await request.body())
     if not isinstance(data, dict):
         raise BadRequest("admin body must be a JSON object")
     return data
@@ -92,14 +81,13 @@ def _json(data: Any) -> Response:
 
 
 def admin_routes(admin: PolicyAdmin) -> list[Route]:
-    """The admin routes; their errors are raised, rendered by the app's handler."""
+    """The admin routes (unguarded: ``Routes`` puts them behind the gate); their errors
+    are raised, rendered by the app's handler."""
 
     async def get_policy(request: Request) -> Response:
-        admin.check(request)
         return _json(admin.state())
 
     async def set_policy(request: Request) -> Response:
-        admin.check(request)
         body = await _body(request)
         name = body.get("policy")
         options = body.get("options") or {}
@@ -111,7 +99,6 @@ def admin_routes(admin: PolicyAdmin) -> list[Route]:
         return _json(admin.state())
 
     async def set_weights(request: Request) -> Response:
-        admin.check(request)
         weights = (await _body(request)).get("weights")
         if not isinstance(weights, dict) or not all(
                 isinstance(v, int | float) and not isinstance(v, bool) for v in weights.values()):

@@ -20,6 +20,7 @@ from policies.base import Policy
 from policies.split import parse_policy_ref
 from router.admin import PolicyAdmin
 from router.events import EngineEvents, KvIngest, parse_sources
+from router.gate import Gate
 from router.index import PrefixIndex, open_index
 from router.locator import Locator, capacity_from_bytes
 from router.metrics import RouterMetrics
@@ -27,6 +28,7 @@ from router.proxy import Proxy
 from router.replicas import ReplicaSet, ServedModels
 from router.routes import Routes, install_error_handlers
 from router.settings import Settings
+from router.tenants import Tenants
 from router.tokenizer import ChatTokenizer
 from router.upstream import Upstream
 
@@ -58,6 +60,14 @@ def _replicas(settings: Settings, upstream: Upstream, clock: Clock) -> ReplicaSe
     )
 
 
+def _gate(settings: Settings, replicas: ReplicaSet) -> Gate:
+    tenants = Tenants.from_file(settings.api_keys) if settings.api_keys else None
+    names = None if settings.expose_replica_header else {
+        r.url: f"r{i}" for i, r in enumerate(replicas.replicas)}
+    return Gate(tenants=tenants, admin_key=settings.admin_key,
+                max_body_bytes=settings.max_body_bytes, replica_names=names)
+
+
 def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     """Build the router app for ``settings``; nothing starts until the lifespan runs."""
     if not settings.backends:
@@ -79,12 +89,14 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     events = EngineEvents(sources, ingest, topic=settings.kv_events_topic)
     locator = Locator(index, metrics, block_bytes=settings.block_bytes,
                       pool_write_through=settings.pool_write_through and settings.pool_bytes > 0,
-                      tokenizer=tokenizer, block_tokens=block_tokens, precise=events.precise)
+                      tokenizer=tokenizer, block_tokens=block_tokens, precise=events.precise,
+                      default_model=settings.served_model)
     replicas.on_health_change = lambda r: locator.replica_health_changed(r.id, r.healthy)
     proxy = Proxy(replicas=replicas, upstream=upstream, policy=policy, locator=locator,
                   metrics=metrics, clock=clock, max_body_bytes=settings.max_body_bytes,
                   max_attempts=settings.max_attempts)
-    admin = PolicyAdmin(proxy, settings.admin_key, policy_name, policy_options)
+    admin = PolicyAdmin(proxy, policy_name, policy_options)
+    gate = _gate(settings, replicas)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -102,11 +114,12 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
 
     app = FastAPI(title="lmroute", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    routes = Routes(proxy, replicas, metrics, locator, events, admin,
+    routes = Routes(proxy, replicas, metrics, locator, events, admin, gate,
                     mode="token" if tokenizer else "text")
     app.router.routes.extend(routes.routes())
     install_error_handlers(app)
     app.state.settings = settings
     app.state.proxy = proxy
     app.state.admin = admin
+    app.state.gate = gate
     return app

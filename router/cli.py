@@ -61,9 +61,13 @@ def _serve(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as exc:
         print(f"lmroute: {exc}", file=sys.stderr)
         return 2
+    from router.framing import JsonFramingProtocol
+
     # The replica's own Date/Server headers pass through: uvicorn must not add a second pair.
+    # Malformed HTTP is answered OpenAI-shaped (router/framing.py).
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=False, server_header=False, date_header=False)
+                access_log=False, server_header=False, date_header=False,
+                http=JsonFramingProtocol)
     return 0
 
 

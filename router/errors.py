@@ -2,10 +2,11 @@
 
     LmrouteError                       status, OpenAI error type and code
     ├── BadRequest            400      malformed JSON, missing or mistyped fields
-    ├── Unauthorized          401      admin API without the admin key
+    ├── Unauthorized          401      no or wrong key (a tenant's, or the admin key)
     ├── NotFound              404      unknown route
-    ├── PayloadTooLarge       413      body over ``max_body_bytes``
-    ├── RateLimited           429      (reserved for admission control)
+    ├── PayloadTooLarge       413      body over ``max_body_bytes`` (decompressed)
+    ├── UnsupportedEncoding   415      a Content-Encoding other than gzip/deflate/identity
+    ├── RateLimited           429      a tenant over its concurrency or rate (Retry-After)
     ├── UpstreamError         502      every replica tried failed before the first byte
     │   ├── UpstreamConnectError       connect refused / reset / timed out (retryable)
     │   └── UpstreamStreamBroken       a replica's body broke while being read: retried
@@ -70,10 +71,22 @@ class PayloadTooLarge(LmrouteError):
     code = "request_too_large"
 
 
+class UnsupportedEncoding(LmrouteError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_encoding"
+
+
 class RateLimited(LmrouteError):
+    """429; ``retry_after_s`` becomes the ``Retry-After`` header (whole seconds, >= 1)."""
+
     status = 429
     type = "rate_limit_error"
     code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: float, code: str | None = None):
+        super().__init__(message, code=code)
+        self.retry_after_s = retry_after_s
 
 
 class UpstreamError(LmrouteError):

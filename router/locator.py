@@ -7,7 +7,9 @@ forwarder:
   ``cache_salt``: text mode by default; token mode with a ``ChatTokenizer``
   (``--tokenizer``): the engine's token ids (chat template applied) in ``block_tokens``
   blocks, the keys engine KV events produce (router/events.py). A body the chat template
-  refuses gets no chain (routed without locality).
+  refuses gets no chain (routed without locality). A body without ``model`` (vLLM then
+  serves its one model) is rooted in ``--served-model`` in token mode, to meet the keys
+  the engine's events produce.
 - ``residency(chain)``: ONE index lookup, timed and counted by tier. The index never
   fails a request: ``ResilientIndex`` falls back to memory, and any ``IndexUnavailable``
   left over reads as "nothing cached anywhere".
@@ -86,11 +88,13 @@ class Locator:
                  pool_write_through: bool, max_sessions: int = 200_000,
                  clock: Callable[[], float] = time.perf_counter,
                  tokenizer: ChatTokenizer | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS,
-                 precise: Callable[[ReplicaId], bool] = lambda replica: False):
+                 precise: Callable[[ReplicaId], bool] = lambda replica: False,
+                 default_model: str = ""):
         self.index = index
         self.tokenizer = tokenizer
         self.block_tokens = block_tokens
         self.precise = precise
+        self.default_model = default_model  # a body without "model": vLLM's served model
         self.metrics = metrics
         self.block_bytes = block_bytes
         self.pool_write_through = pool_write_through
@@ -107,7 +111,8 @@ class Locator:
             self.metrics.index_error("template")
             return []
         salt = parsed.body.get("cache_salt")
-        root = root_key(parsed.model, salt if isinstance(salt, str) else None, None)
+        root = root_key(parsed.model or self.default_model,
+                        salt if isinstance(salt, str) else None, None)
         return token_chain(ids, root, self.block_tokens)
 
     async def residency(self, chain: list[BlockKey]) -> Residency:

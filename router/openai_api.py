@@ -6,8 +6,12 @@ would choke on (the body's own bytes are forwarded unchanged). Anything malforme
 ``BadRequest`` naming the offending ``param``, which reaches the client as an OpenAI error.
 
 Session key (what ``fixed`` and ``alternating`` stick on): the ``X-Session-ID`` header,
-else the body's ``user``, else xxh3-64 of the model, the system prompt and the first user
-message, which stay the same across the turns of one chat.
+else the body's ``user`` (either hashed, xxh3-128, to a fixed 34 characters), else xxh3-64
+of the model, the system prompt and the first user message, which stay the same across
+the turns of one chat; all three are scoped by the body's ``cache_salt`` (with tenants,
+the tenant's salt), so tenants never share a session.
+
+Bodies are parsed by ``router.bodies.load_json``: nesting past its limit is a 400.
 """
 
 from __future__ import annotations
@@ -18,12 +22,17 @@ from typing import Any, Literal
 import orjson
 import xxhash
 
+from policies.options import OptionError, coerce
 from router.errors import BadRequest
+from router.jsonbody import load_json
 
 Endpoint = Literal["chat", "completions"]
 
-_NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
-_INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_k")
+_NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p",
+                  "repetition_penalty")
+_INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_k", "best_of")
+_NON_NEGATIVE = ("max_tokens", "max_completion_tokens", "n")
+_U32 = 2**32
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +52,41 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def lax_number(value: Any) -> float | None:
+    """pydantic's lax ``float``, as vLLM reads its fields: numbers, bools and numeric
+    strings; ``None`` when it cannot be one."""
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def lax_int(value: Any) -> int | None:
+    """pydantic's lax ``int``: ints, bools, floats without a fraction (``2.0``), and strings
+    of those; ``None`` otherwise."""
+    if isinstance(value, int):
+        return int(value)
+    number = lax_number(value)
+    if number is None or not number.is_integer():
+        return None
+    return int(number)
+
+
+def lax_bool(value: Any) -> bool | None:
+    """pydantic's lax ``bool``: true/false, 0/1, and the words of ``policies.options``
+    plus pydantic's one-letter t/f/y/n."""
+    if isinstance(value, str) and value.strip().lower() in ("t", "y", "f", "n"):
+        return value.strip().lower() in ("t", "y")
+    if isinstance(value, float) and value in (0.0, 1.0):
+        return bool(value)
+    try:
+        return bool(coerce("stream", bool, value))
+    except OptionError:
+        return None
 
 
 def _content_chars(content: Any, where: str) -> int:
@@ -83,29 +125,51 @@ def _validate_messages(messages: Any) -> int:
     return chars
 
 
-def _validate_prompt(prompt: Any) -> int:
+def _token_ids(ids: list[Any]) -> bool:
+    """Whether ``ids`` are token ids; 400 for an id outside ``0 .. 2**32 - 1``."""
+    if not all(_is_int(t) for t in ids):
+        return False
+    if any(t < 0 or t >= _U32 for t in ids):
+        raise BadRequest("'prompt' token ids must be in 0..4294967295", param="prompt")
+    return True
+
+
+def _validate_prompt(prompt: Any, embeds: Any) -> int:
+    if prompt is None and embeds is not None:
+        # vLLM: prompt_embeds alone (base64 tensors) is a prompt; nothing to hash.
+        if isinstance(embeds, str) or (isinstance(embeds, list) and embeds
+                                       and all(isinstance(e, str) for e in embeds)):
+            return 0
+        raise BadRequest("'prompt_embeds' must be a string or an array of strings",
+                         param="prompt_embeds")
     if isinstance(prompt, str):
         return len(prompt)
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             return sum(len(p) for p in prompt)
-        if all(_is_int(p) for p in prompt):
+        if _token_ids(prompt):
             return 4 * len(prompt)  # token ids: about four characters each
-        if all(isinstance(p, list) and all(_is_int(t) for t in p) for p in prompt):
+        if all(isinstance(p, list) and p and _token_ids(p) for p in prompt):
             return 4 * sum(len(p) for p in prompt)
     raise BadRequest(
-        "'prompt' must be a string, an array of strings, or an array of token ids",
-        param="prompt",
+        "'prompt' (or 'prompt_embeds') is required: a string, an array of strings, or an "
+        "array of token ids", param="prompt",
     )
 
 
 def _session_key(endpoint: Endpoint, body: dict[str, Any], header: str | None) -> str:
-    if header:
-        return header
+    """A fixed-size key (a client's 1 MiB header costs 34 bytes), scoped by ``cache_salt``:
+    two tenants sending one X-Session-ID are two sessions."""
+    salt = body.get("cache_salt")
+    scope = salt.encode() if isinstance(salt, str) else b""
     user = body.get("user")
-    if isinstance(user, str) and user:
-        return "user:" + user
+    given = header or (user if isinstance(user, str) else None)
+    if given:
+        tag = "s:" if header else "u:"
+        return tag + xxhash.xxh3_128_hexdigest(
+            b"%d:" % len(scope) + scope + given.encode("utf-8", "surrogatepass"))
     h = xxhash.xxh3_64()
+    h.update(b"%d:" % len(scope) + scope)
     h.update(str(body.get("model", "")).encode())
     if endpoint == "chat":
         first_user_seen = False
@@ -118,50 +182,62 @@ def _session_key(endpoint: Endpoint, body: dict[str, Any], header: str | None) -
             if first_user_seen:
                 break
     else:
-        prompt = body["prompt"]
-        first = prompt if isinstance(prompt, str) else prompt[0]
+        prompt = body.get("prompt")
+        first = prompt[0] if isinstance(prompt, list) and prompt else prompt
         # A completions prompt grows turn by turn; its first KiB identifies the session.
         h.update(orjson.dumps(first)[:1024])
     return "h:" + h.hexdigest()
 
 
+def _checked_fields(body: dict[str, Any]) -> tuple[bool, int | None]:
+    """Check the sampling fields as vLLM's pydantic (lax mode) would; (stream, max_tokens)."""
+    stream = False if body.get("stream") is None else lax_bool(body["stream"])
+    if stream is None:
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    for name in _NUMBER_FIELDS:
+        if body.get(name) is not None and lax_number(body[name]) is None:
+            raise BadRequest(f"'{name}' must be a number", param=name)
+    ints: dict[str, int] = {}
+    for name in _INT_FIELDS:
+        if body.get(name) is None:
+            continue
+        value = lax_int(body[name])
+        if value is None:
+            raise BadRequest(f"'{name}' must be an integer", param=name)
+        if name in _NON_NEGATIVE and value < 0:
+            # vLLM's SamplingParams: "max_tokens must be at least 1", n likewise.
+            raise BadRequest(f"'{name}' must not be negative, got {value}", param=name)
+        ints[name] = value
+    return stream, ints.get("max_completion_tokens", ints.get("max_tokens"))
+
+
 def parse_request(endpoint: Endpoint, raw: bytes, session_header: str | None) -> ParsedRequest:
-    """Parse and validate one chat or completions body; raise ``BadRequest`` if malformed."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    """Parse and validate one chat or completions body; raise ``BadRequest`` if malformed.
+
+    As lenient as vLLM where vLLM is (``"temperature": "0.5"``, ``"n": 2.0``, no ``model``:
+    the replica's served model, completions with only ``prompt_embeds``), as strict where
+    it is (negative ``max_tokens``); the body is forwarded as sent either way.
+    """
+    body = load_json(raw)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("'model' is required and must be a non-empty string", param="model")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise BadRequest("'stream' must be a boolean", param="stream")
-    for name in _NUMBER_FIELDS:
-        if body.get(name) is not None and not _is_number(body[name]):
-            raise BadRequest(f"'{name}' must be a number", param=name)
-    for name in _INT_FIELDS:
-        if body.get(name) is not None and not _is_int(body[name]):
-            raise BadRequest(f"'{name}' must be an integer", param=name)
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string", param="model")
+    stream, max_tokens = _checked_fields(body)
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise BadRequest("'user' must be a string", param="user")
-    if body.get("cache_salt") is not None and not isinstance(body["cache_salt"], str):
-        raise BadRequest("'cache_salt' must be a string", param="cache_salt")
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise BadRequest("'cache_salt' must be a non-empty string", param="cache_salt")
     if endpoint == "chat":
         chars = _validate_messages(body.get("messages"))
     else:
-        if "prompt" not in body:
-            raise BadRequest("'prompt' is required", param="prompt")
-        chars = _validate_prompt(body["prompt"])
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        chars = _validate_prompt(body.get("prompt"), body.get("prompt_embeds"))
     return ParsedRequest(
         endpoint=endpoint,
         body=body,
-        model=model,
+        model=model or "",
         stream=stream,
         session=_session_key(endpoint, body, session_header),
         prompt_chars=chars,

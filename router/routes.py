@@ -8,11 +8,16 @@
     POST /index/lookup                           where the index believes a body's prefix is
     GET  /policy                                 the active policy's ``describe()``
     GET|POST /admin/...                          ``router.admin``
+    GET  /openapi.json                           what the router accepts (``router.openapi``)
+
+Every route is wrapped by the ``Gate`` (``router.gate``): keys, internal routes behind
+the admin key, one body size limit, decoded request bodies, tenant limits.
 
 The chat/completions routes are plain Starlette routes taking the raw request: FastAPI's
 body validation stays off the hot path (``openai_api`` parses bytes). Handlers raise
 ``LmrouteError``; ``install_error_handlers`` renders it (and Starlette's HTTP errors and
-any unexpected exception) as the OpenAI error shape, in ``_error_response`` only.
+any unexpected exception) as the OpenAI error shape, in ``_error_response`` only (a 429
+carries ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from router.admin import PolicyAdmin, admin_routes
-from router.errors import BadRequest, LmrouteError, NotFound
+from router.errors import BadRequest, LmrouteError, NotFound, RateLimited
 from router.events import EngineEvents
+from router.gate import Gate
 from router.locator import Locator
 from router.metrics import RouterMetrics
 from router.openai_api import Endpoint, parse_request
+from router.openapi import openapi_document
 from router.proxy import Proxy
 from router.replicas import ReplicaSet
 
@@ -51,6 +58,7 @@ class Routes:
     locator: Locator
     events: EngineEvents
     admin: PolicyAdmin
+    gate: Gate
     mode: str  # "token" or "text": how prompts are hashed
 
     async def chat(self, request: Request) -> Response:
@@ -96,18 +104,28 @@ class Routes:
     async def policy(self, request: Request) -> Response:
         return _json(self.proxy.policy.describe())
 
+    async def openapi(self, request: Request) -> Response:
+        return _json(openapi_document(tenants=self.gate.tenants is not None,
+                                      admin=bool(self.gate.admin_key)))
+
     def routes(self) -> list[Route]:
+        wrap = self.gate.wrap
+        admin = [Route(r.path, wrap("admin", r.endpoint), methods=r.methods)
+                 for r in admin_routes(self.admin)]
         return [
-            Route("/v1/chat/completions", self.chat, methods=["POST"]),
-            Route("/v1/completions", self.completions, methods=["POST"]),
-            Route("/v1/models", self.models, methods=["GET"]),
-            Route("/health", self.health, methods=["GET"]),
-            Route("/ready", self.ready, methods=["GET"]),
-            Route("/metrics", self.metrics_text, methods=["GET"]),
-            Route("/replicas", self.replica_list, methods=["GET"]),
-            Route("/index/lookup", self.index_lookup, methods=["POST"]),
-            Route("/policy", self.policy, methods=["GET"]),
-            *admin_routes(self.admin),
+            Route("/v1/chat/completions", wrap("tenant", self.chat, proxied=True),
+                  methods=["POST"]),
+            Route("/v1/completions", wrap("tenant", self.completions, proxied=True),
+                  methods=["POST"]),
+            Route("/v1/models", wrap("tenant", self.models), methods=["GET"]),
+            Route("/health", wrap("public", self.health), methods=["GET"]),
+            Route("/ready", wrap("public", self.ready), methods=["GET"]),
+            Route("/metrics", wrap("public", self.metrics_text), methods=["GET"]),
+            Route("/openapi.json", wrap("public", self.openapi), methods=["GET"]),
+            Route("/replicas", wrap("internal", self.replica_list), methods=["GET"]),
+            Route("/index/lookup", wrap("internal", self.index_lookup), methods=["POST"]),
+            Route("/policy", wrap("internal", self.policy), methods=["GET"]),
+            *admin,
         ]
 
 
@@ -116,6 +134,8 @@ def _error_response(err: LmrouteError) -> Response:
     resp = Response(err.body(), status_code=err.status, media_type="application/json")
     if err.request_id:
         resp.headers["x-request-id"] = err.request_id
+    if isinstance(err, RateLimited):
+        resp.headers["retry-after"] = str(max(1, round(err.retry_after_s)))
     return resp
 
 

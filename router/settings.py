@@ -108,7 +108,18 @@ class Settings:
         default="", metadata={"help": "model name rooting event keys (empty: each replica's "
                               "first /v1/models id)"}
     )
-    admin_key: str = field(default="", metadata={"help": "key for the admin API (empty: off)"})
+    admin_key: str = field(
+        default="", metadata={"help": "key for the admin API and the internal routes "
+                              "(/replicas, /policy, /index/lookup); empty: admin API off"}
+    )
+    api_keys: str = field(
+        default="", metadata={"help": "tenants file (TOML, [tenants.NAME] keys=[...]): every "
+                              "request then needs a tenant's key; see docs/tenants.md"}
+    )
+    expose_replica_header: bool = field(
+        default=False, metadata={"help": "x-lmroute-replica names the replica's URL "
+                                 "(default: its --backend position, r0, r1, ...)"}
+    )
     log_level: str = field(default="warning", metadata={"help": "uvicorn log level"})
 
 

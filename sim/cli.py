@@ -84,6 +84,7 @@ def _replica(args: argparse.Namespace) -> int:
                 kv_events_topic=args.kv_events_topic, faults=faults, fixed_created=args.fixed_created)
         except (KeyError, ValueError) as exc:
             return _fail("replica", exc)
+    replica.max_model_len = args.max_model_len
     try:
         uvicorn.run(create_replica_app(replica), host=args.host, port=args.port,
                     log_level=args.log_level, access_log=False)
@@ -117,6 +118,8 @@ def _add_replica(sub: Any) -> None:
                      help="constant time per output token, model seconds")
     rep.add_argument("--fixed-created", type=int, default=None,
                      help="constant 'created' timestamp (byte-reproducible replies)")
+    rep.add_argument("--max-model-len", type=int, default=1_048_576,
+                     help="context length: prompt + max_tokens over it is a 400, as in vLLM")
     rep.add_argument("--log-level", default="warning")
     rep.set_defaults(func=_replica)
 

@@ -172,7 +172,8 @@ async def emulated_deployment(profile: Profile, *, policy: str, pool_on: bool, m
                               time_scale: float, replicas: int = 2,
                               **router_settings: Any) -> AsyncIterator[EmulatedDeployment]:
     """Fresh replicas, pool and router; ``router_settings`` override the router's
-    ``Settings`` (the defaults probe health every second and scrape every 0.5 s)."""
+    ``Settings`` (the defaults probe health every second and scrape every 0.5 s, and
+    replies name replicas by URL)."""
     from router.app import create_app  # the CLI layer's tools: the router is a peer here
     from router.settings import Settings
 
@@ -181,8 +182,10 @@ async def emulated_deployment(profile: Profile, *, policy: str, pool_on: bool, m
     built = [model_replica(f"r{i}", profile, pool, model=model, time_scale=time_scale,
                            start=start) for i in range(replicas)]
     servers = LoopServers([create_replica_app(r) for r in built])
+    # The experiments match x-lmroute-replica against replica URLs (live.py's lost replica).
     options: dict[str, Any] = {"health_interval_s": 1.0, "scrape_interval_s": 0.5,
-                               "pool_bytes": profile.pool_bytes if pool_on else 0}
+                               "pool_bytes": profile.pool_bytes if pool_on else 0,
+                               "expose_replica_header": True}
     options.update(router_settings)
     try:
         async with servers as urls:

@@ -1,6 +1,6 @@
 """The emulated replica's engines: what the server asks of one, and the replica model behind it.
 
-Protocol. ``Engine.admit(token_ids, max_tokens, now)`` plans one request at model time
+Protocol. ``Engine.admit(token_ids, max_tokens, now, salt)`` plans one request at model time
 ``now`` (seconds, non-decreasing across calls) and returns a ``TokenSchedule``: when its
 first token is due (``ttft_s``, queueing included), the time per output token, how many
 prompt tokens were cached (and how many of them came from the shared pool), and an
@@ -14,7 +14,12 @@ Hashing (the emulated engine's own, not the router's keys and not vLLM's sha256)
 prompt's token ids are cut into full blocks of ``block_size`` ids and chained,
 ``h_i = xxh3_64(uint32 ids of block i, seed=h_{i-1})`` with ``h_{-1} = xxh3_64(model)``,
 so equal prefixes give equal hashes on every replica of one model (vLLM's property with a
-fixed hash seed). The model works at the profile's chunk size ``C`` (a multiple of
+fixed hash seed). A request's ``cache_salt`` is folded in before the first block, as vLLM
+folds it into the first block's hash (its extra keys): ``h_{-1} = xxh3_64(salt,
+seed=xxh3_64(model))``, so salted prefixes share no block (GPU or pool) with other salts,
+and a store that starts a chain carries the salt in its first block's ``extra_keys``
+(``[[salt], None, ...]``), where vLLM puts it and the router reads it.
+The model works at the profile's chunk size ``C`` (a multiple of
 ``block_size``): chunk ``j``'s key is the hash of its last engine block, which stands for
 the whole prefix up to it. Only whole chunks are cached, as the model's fit assumes.
 
@@ -66,7 +71,8 @@ class TokenSchedule:
 class Engine(Protocol):
     """Plans requests; ``now`` is model time (seconds), non-decreasing across calls."""
 
-    def admit(self, token_ids: list[int], max_tokens: int, now: float) -> TokenSchedule: ...
+    def admit(self, token_ids: list[int], max_tokens: int, now: float,
+              salt: str | None = None) -> TokenSchedule: ...
 
     def kv_usage(self) -> float: ...
 
@@ -78,7 +84,8 @@ class ConstantEngine:
     ttft_s: float = 0.0
     tpot_s: float = 0.0
 
-    def admit(self, token_ids: list[int], max_tokens: int, now: float) -> TokenSchedule:
+    def admit(self, token_ids: list[int], max_tokens: int, now: float,
+              salt: str | None = None) -> TokenSchedule:
         return TokenSchedule(self.ttft_s, self.tpot_s)
 
     def kv_usage(self) -> float:
@@ -115,15 +122,18 @@ class ModelEngine:
         # Engine block hashes of each chunk this GPU holds, to name them in BlockRemoved.
         self._gpu_blocks: dict[BlockKey, tuple[int, ...]] = {}
 
-    def chain(self, token_ids: Sequence[int]) -> tuple[list[int], list[BlockKey]]:
+    def chain(self, token_ids: Sequence[int],
+              salt: str | None = None) -> tuple[list[int], list[BlockKey]]:
         """(engine block hashes of the whole chunks, chunk keys) of a prompt."""
         chunk = self.model.profile.chunk_tokens
         whole = (len(token_ids) // chunk) * chunk
-        hashes = block_hashes(token_ids[:whole], self.block_size, self.root)
+        root = self.root if salt is None else xxhash.xxh3_64_intdigest(salt.encode(), self.root)
+        hashes = block_hashes(token_ids[:whole], self.block_size, root)
         return hashes, hashes[self.per_chunk - 1 :: self.per_chunk]
 
-    def admit(self, token_ids: list[int], max_tokens: int, now: float) -> TokenSchedule:
-        hashes, keys = self.chain(token_ids)
+    def admit(self, token_ids: list[int], max_tokens: int, now: float,
+              salt: str | None = None) -> TokenSchedule:
+        hashes, keys = self.chain(token_ids, salt)
         self._seq += 1
         plan = self.model.admit(ReplicaRequest(tuple(keys), max(1, len(token_ids)),
                                                max(1, max_tokens), now, f"r{self._seq}"))
@@ -133,6 +143,8 @@ class ModelEngine:
                 self._gpu_blocks[key] = tuple(hashes[j * self.per_chunk:(j + 1) * self.per_chunk])
         gpu_removed = [h for key in plan.gpu.evicted for h in self._gpu_blocks.pop(key, ())]
         events = self._events(token_ids, hashes, keys, plan, gpu_removed)
+        if salt is not None:
+            _salt_chain_starts(events, salt)
 
         def publish() -> None:
             if self.publisher is not None:
@@ -169,6 +181,14 @@ class ModelEngine:
 
     def kv_usage(self) -> float:
         return self.model.kv_usage()
+
+
+def _salt_chain_starts(events: list[Event], salt: str) -> None:
+    """vLLM's extra keys on a chain's first block: ``[[salt], None, ...]``."""
+    for event in events:
+        if event["type"] == "BlockStored" and event["parent_block_hash"] is None:
+            n = len(event["block_hashes"])
+            event["extra_keys"] = [[salt]] + [None] * (n - 1)
 
 
 def _runs(indices: list[int]) -> list[tuple[int, int]]:

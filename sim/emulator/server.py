@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from router.openai_api import lax_bool
 from sim.emulator.engine import ConstantEngine, Engine, TokenSchedule
 from sim.emulator.metrics import ReplicaMetrics
 from sim.emulator.tokens import prompt_token_ids, reply_words, tokenize_text
@@ -112,29 +113,58 @@ class EmulatedReplica:
         self._seq += 1
         return f"{prefix}-{self._seq:012d}"
 
+    def _admissible(self, body: Any, endpoint: str) -> Response | None:
+        """vLLM's answer to a body it refuses (400/404), or None to serve it."""
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object")
+        model = body.get("model", self.model)
+        if model is not None and model != self.model:
+            return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+        if endpoint == "chat" and not isinstance(body.get("messages"), list):
+            return _error(400, "'messages' is required")
+        if endpoint == "completions" and body.get("prompt") is None \
+                and body.get("prompt_embeds") is None:
+            return _error(400, "Either prompt or prompt_embeds must be provided")
+        salt = body.get("cache_salt")
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            return _error(400, "Parameter 'cache_salt' must be a non-empty string if provided.")
+        return None
+
+    def _max_tokens(self, body: dict[str, Any], prompt_tokens: int) -> int | Response:
+        raw = body.get("max_completion_tokens", body.get("max_tokens"))
+        try:
+            wanted = 16 if raw is None else int(float(raw))
+        except (TypeError, ValueError):
+            return _error(400, "max_tokens must be an integer")
+        if wanted < 1:
+            return _error(400, f"max_tokens must be at least 1, got {wanted}.")
+        if wanted + prompt_tokens > self.max_model_len:
+            return _error(400, f"This model's maximum context length is {self.max_model_len} "
+                          f"tokens; {prompt_tokens} prompt + {wanted} output requested.")
+        return wanted
+
     async def completion(self, request: Request, endpoint: str) -> Response:
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError:
             return _error(400, "invalid JSON body")
-        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-            return _error(400, "'model' is required")
-        if body["model"] != self.model:
-            return _error(404, f"The model `{body['model']}` does not exist.", "NotFoundError")
-        key = "messages" if endpoint == "chat" else "prompt"
-        if key not in body:
-            return _error(400, f"'{key}' is required")
+        refused = self._admissible(body, endpoint)
+        if refused is not None:
+            return refused
         if self.faults.http_status is not None:
             return _error(self.faults.http_status, "emulated engine fault", "InternalServerError")
         ids = prompt_token_ids(endpoint, body)
-        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
-        plan = await self._prefill(ids, max_tokens)
+        max_tokens = self._max_tokens(body, len(ids))
+        if isinstance(max_tokens, Response):
+            return max_tokens
+        plan = await self._prefill(ids, max_tokens, body.get("cache_salt"))
         corrupt = plan.corrupt or (self.faults.corrupt_pool and plan.pool_hit_tokens > 0)
         words = reply_words(ids, max_tokens, salt=1 if corrupt else 0)
         rid = self._request_id(request, "chatcmpl" if endpoint == "chat" else "cmpl")
         done = self._done_callback(ids, len(words))
-        if body.get("stream"):
-            opts = body.get("stream_options") or {}
+        if lax_bool(body.get("stream")):  # vLLM reads it as pydantic's lax bool
+            opts = body.get("stream_options")
+            opts = opts if isinstance(opts, dict) else {}
             usage = _usage(len(ids), len(words), plan.cached_tokens)
             chunks = self._chunks(endpoint, rid, words, plan, usage if opts.get("include_usage")
                                   else None, done)
@@ -156,10 +186,10 @@ class EmulatedReplica:
             "choices": [choice], "usage": _usage(len(ids), len(words), plan.cached_tokens),
         }), media_type="application/json")
 
-    async def _prefill(self, ids: list[int], max_tokens: int) -> TokenSchedule:
+    async def _prefill(self, ids: list[int], max_tokens: int, salt: str | None) -> TokenSchedule:
         """Admit, count, and sleep until the first token (waiting, then running)."""
         m = self.metrics
-        plan = self.engine.admit(ids, max_tokens, self.model_now())
+        plan = self.engine.admit(ids, max_tokens, self.model_now(), salt)
         if plan.on_first_token is not None:
             # Scheduled, not awaited: the blocks are written even if the client goes away.
             asyncio.get_running_loop().call_later(plan.ttft_s * self.time_scale,

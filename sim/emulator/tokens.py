@@ -44,6 +44,8 @@ def _content_text(content: Any) -> str:
         return ""
     if isinstance(content, str):
         return content
+    if not isinstance(content, list):
+        return str(content)
     return "".join(
         str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
     )
@@ -51,16 +53,21 @@ def _content_text(content: Any) -> str:
 
 def render_chat(messages: list[dict[str, Any]]) -> str:
     """The emulator's chat template."""
-    parts = [f"<|{m.get('role')}|>\n{_content_text(m.get('content'))}\n" for m in messages]
+    parts = [f"<|{m.get('role')}|>\n{_content_text(m.get('content'))}\n"
+             for m in messages if isinstance(m, dict)]
     parts.append("<|assistant|>\n")
     return "".join(parts)
 
 
 def prompt_token_ids(endpoint: str, body: dict[str, Any]) -> list[int]:
-    """Token ids of a chat or completions body (token-id prompts pass through)."""
+    """Token ids of a chat or completions body (token-id prompts pass through; a
+    ``prompt_embeds``-only prompt reads as the text of its base64)."""
     if endpoint == "chat":
         return tokenize_text(render_chat(body["messages"]))
-    prompt = body["prompt"]
+    prompt = body.get("prompt")
+    if prompt is None:
+        embeds = body.get("prompt_embeds")
+        return tokenize_text(embeds if isinstance(embeds, str) else "".join(map(str, embeds or [])))
     if isinstance(prompt, str):
         return tokenize_text(prompt)
     if prompt and isinstance(prompt[0], int):

@@ -45,14 +45,17 @@ def test_admin_api_is_off_without_a_key(start_servers: Callable[[Server], Server
 def test_401_without_or_with_a_wrong_key(deployment: tuple[str, list[str]]) -> None:
     url, _ = deployment
     for headers in ({}, _auth("wrong"), {"authorization": KEY}):
+        # The internal routes sit behind the same key (router/gate.py).
         for method, path in (("GET", "/admin/policy"), ("POST", "/admin/policy"),
-                             ("POST", "/admin/split/weights")):
+                             ("POST", "/admin/split/weights"), ("GET", "/replicas"),
+                             ("GET", "/policy"), ("POST", "/index/lookup")):
             resp = httpx.request(method, url + path, headers=headers, json={"policy": "fixed"})
             assert resp.status_code == 401
             err = resp.json()["error"]
             assert err["type"] == "authentication_error" and set(err) == {
                 "message", "type", "param", "code"}
     assert httpx.get(url + "/admin/policy", headers=_auth()).json()["policy"] == "fixed"
+    assert httpx.get(url + "/replicas", headers=_auth()).json()["policy"] == "fixed"
 
 
 def test_bad_switches_are_refused_and_change_nothing(deployment: tuple[str, list[str]]) -> None:
@@ -113,7 +116,7 @@ def test_switching_with_requests_in_flight_drops_none(deployment: tuple[str, lis
             assert state["policy"] == "split" and state["switches"] == 5
             assert [a["weight"] for a in state["state"]["arms"]] == [0.0, 1.0]
             # The router's in-flight bookkeeping came back to zero on every replica.
-            replicas = (await client.get(url + "/replicas")).json()["replicas"]
+            replicas = (await client.get(url + "/replicas", headers=_auth())).json()["replicas"]
             assert [r["in_flight"] for r in replicas] == [0, 0]
             metrics = (await client.get(url + "/metrics")).text
             assert 'arm="A"' in metrics and 'arm="B"' in metrics and 'arm=""' in metrics

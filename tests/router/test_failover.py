@@ -25,7 +25,7 @@ def _wait(predicate, timeout_s: float = 5.0) -> None:
 
 def test_killed_replica_requests_fail_over(start_servers) -> None:
     a, b = start_servers(replica()), start_servers(replica())
-    lm = start_servers(router([a.url, b.url], "--policy", "round_robin",
+    lm = start_servers(router([a.url, b.url], "--policy", "round_robin", "--expose-replica-header",
                               "--health-interval-s", "30"))  # no probe: failover alone
     a.kill()
     replies = [httpx.post(lm.url + "/v1/chat/completions", json=CHAT) for _ in range(6)]
@@ -41,7 +41,8 @@ def test_killed_replica_requests_fail_over(start_servers) -> None:
 
 def test_5xx_before_first_byte_retried_elsewhere(start_servers) -> None:
     a, b = start_servers(replica()), start_servers(replica())
-    lm = start_servers(router([a.url, b.url], "--policy", "round_robin", "--eject-after", "100"))
+    lm = start_servers(router([a.url, b.url], "--policy", "round_robin", "--eject-after", "100",
+                              "--expose-replica-header"))
     httpx.post(a.url + "/_emulator/faults", json={"http_status": 500})
     replies = [httpx.post(lm.url + "/v1/chat/completions", json=CHAT) for _ in range(4)]
     assert [r.status_code for r in replies] == [200] * 4
@@ -100,7 +101,8 @@ def test_all_unreachable_gives_502(start_servers) -> None:
 
 def test_fixed_keeps_sessions_when_a_replica_is_lost(start_servers) -> None:
     reps = [start_servers(replica()) for _ in range(3)]
-    lm = start_servers(router([r.url for r in reps], "--policy", "fixed", *FAST_HEALTH))
+    lm = start_servers(router([r.url for r in reps], "--policy", "fixed", *FAST_HEALTH,
+                              "--expose-replica-header"))
 
     def placement() -> dict[str, str]:
         out = {}

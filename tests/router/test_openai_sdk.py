@@ -14,7 +14,8 @@ MODEL = "emulated-27b"
 
 @pytest.fixture(scope="module")
 def lmroute(two_replicas: list[Server]) -> Iterator[Server]:
-    server = router([r.url for r in two_replicas], "--policy", "round_robin").start()
+    server = router([r.url for r in two_replicas], "--policy", "round_robin",
+                    "--expose-replica-header").start()
     yield server
     server.stop()
 
