@@ -104,7 +104,7 @@ def run(engines: list[VllmServer], model: Path, precise: bool, args: argparse.Na
              "--kv-bytes-per-token", "1", "--gpu-kv-bytes", str(400 * 32)]
     if precise:
         extra += ["--kv-events", ",".join(e.events.replace("*", "127.0.0.1") for e in engines)]
-    lm = router(urls, *extra).start(timeout_s=60)
+    lm = router(urls, *extra, "--expose-replica-header").start(timeout_s=60)
     docs = [document(i) for i in range(args.docs)]
     rows: list[dict[str, Any]] = []
     try:

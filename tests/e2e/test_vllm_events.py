@@ -102,7 +102,9 @@ def lm(engines: list[VllmServer], tiny_model: Path) -> Iterator[Server]:
     # test 5 sees the event path (sequence reset) do it.
     server = router(urls, "--policy", "prefix_affinity", "--tokenizer", str(tiny_model),
                     "--kv-events", kv_events, "--kv-events-replay", replays,
-                    "--pool-bytes", "0", "--eject-after", "1000000").start(timeout_s=60)
+                    "--pool-bytes", "0", "--eject-after", "1000000",
+                    # the tests match the served replica against the index's URLs
+                    "--expose-replica-header").start(timeout_s=60)
     for e in engines:  # first requests pay one-time costs; keep them out of the TTFTs
         poke(e, "warmup")
     yield server
