@@ -127,6 +127,8 @@ class Streams:
         self.cuda = device.type == "cuda"
         self.copy = torch.cuda.Stream() if self.cuda else None
         self.compute = torch.cuda.Stream() if self.cuda else None
+        # -1: the highest priority; the scheduler hands free SMs to its kernels first
+        self.copy_high = torch.cuda.Stream(priority=-1) if self.cuda else None
 
     def on(self, stream: Any) -> Any:
         return torch.cuda.stream(stream) if self.cuda else nullcontext()
@@ -166,15 +168,16 @@ def one_rep(v: dict[str, torch.Tensor], cfg: dict[str, Any], st: Streams,
             if ec is not None:
                 ec.record()
     t0 = time.perf_counter()
-    with st.on(st.copy):
+    copy = st.copy_high if cfg.get("priority") == "high" else st.copy
+    with st.on(copy):
         if st.cuda:
-            st.copy.wait_stream(torch.cuda.current_stream())  # type: ignore[union-attr]
+            copy.wait_stream(torch.cuda.current_stream())  # type: ignore[union-attr]
             e0.record()
         enqueue_copies(v, cfg["mode"], cfg["direction"], staging)
         if st.cuda:
             e1.record()
     if st.cuda:
-        torch.cuda.current_stream().wait_stream(st.copy)  # type: ignore[arg-type]
+        torch.cuda.current_stream().wait_stream(copy)  # type: ignore[arg-type]
     bad = int(mismatches(v, cfg["mode"], cfg["direction"]).item())
     sync(device)
     if not st.cuda:
@@ -258,16 +261,31 @@ def configs(small: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def followup(small: bool) -> list[dict[str, Any]]:
+    """Second run: the 128k pinned loads again (spread), overlapped with the copy stream
+    at normal and at high priority (does SM contention explain the overlapped scatter?)."""
+    chunks, bpt, tokens = ((16, 48), 2048, 256) if small else ((256, 1568), 32768, 131072)
+    rows = []
+    for overlap, prio in ((False, "normal"), (True, "normal"), (True, "high")):
+        for mode in ("whole", "layerwise"):
+            for chunk in chunks:
+                rows.append({"kind": "copy", "direction": "h2d", "mode": mode, "pin": "pinned",
+                             "overlap": overlap, "priority": prio, "chunk": chunk, "bpt": bpt,
+                             "tokens": tokens})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--small", action="store_true", help="tiny sizes, for a CPU smoke run")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--budget-s", type=float, default=150.0, help="skip what starts later")
+    ap.add_argument("--set", choices=("main", "followup"), default="main")
     args = ap.parse_args()
     t_start = time.perf_counter()
     device = pick_device(args.cpu)
-    rows = configs(args.small)
+    rows = configs(args.small) if args.set == "main" else followup(args.small)
     max_tokens = max(math.ceil(r["tokens"] / r["chunk"]) * r["chunk"] for r in rows)
     max_tokens = math.ceil(max_tokens / BLOCK) * BLOCK
     buf = Buffers(device, max_tokens, max(r["bpt"] for r in rows))
@@ -283,7 +301,7 @@ def main() -> None:
             skipped = len(rows) - i
             break
         reps = 3 if cfg["pin"] == "pinned" or cfg["tokens"] < 100_000 else 2
-        if cfg["tokens"] == max(cfg["chunk"], 1) or i == 0:  # warm this path up, untimed
+        if cfg["tokens"] == cfg["chunk"] or i == 0 or args.set == "followup":  # warm-up, untimed
             measure(buf, cfg, st, load, 1)
         res.add(measure(buf, cfg, st, load, reps))
     res.finish(skipped_configs=skipped, wall_s=round(time.perf_counter() - t_start, 1))

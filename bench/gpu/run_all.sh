@@ -18,5 +18,5 @@ echo "copy_bench rc=$?"
 timeout 350 $PY "$HERE/stack_bench.py" $FLAGS --budget-s 330 --out "$OUT/stack.json" \
   > "$OUT/stack.log" 2>&1
 echo "stack_bench rc=$?"
-tail -3 "$OUT/copy.log" "$OUT/stack.log"
+tail -n 3 "$OUT/copy.log" "$OUT/stack.log"
 $PY "$HERE/summary.py" "$OUT/copy.json" "$OUT/stack.json"

@@ -112,6 +112,32 @@ def run_decode(st: Stack, batch: int, ctx: int, steps: int) -> dict[str, Any]:
     return row
 
 
+def run_chunked(st: Stack, total: int, chunk: int,
+                caches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+    """A cold prefill of ``total`` tokens in ``chunk``-token steps, as chunked prefill runs
+    it: each step attends to the KV of the steps before it (random stand-ins here)."""
+    dev = st.device
+    tokens = torch.randint(0, st.s.vocab, (total,), device=dev)
+    t = Timer(dev)
+    t.start()
+    with torch.no_grad(), sdpa_context(dev):
+        for a in range(0, total, chunk):
+            use = [(k[:a], v[:a]) for k, v in caches] if a else None
+            prefill(st, tokens[a:a + chunk], False, use)
+    t.stop()
+    return {"kind": "chunked_prefill", "stack": "hybrid", "cached": 0, "new": total,
+            "chunk": chunk, "ms": round(t.ms(), 3)}
+
+
+def followup_plan(small: bool) -> list[dict[str, Any]]:
+    """Second run: cold 32k and 128k again (spread), and 128k as chunked prefill."""
+    u = 16 if small else K
+    jobs: list[dict[str, Any]] = [{"job": "prefill", "dense": False, "cached": 0, "new": n * u}
+                                  for n in (32, 128)]
+    jobs += [{"job": "chunked", "new": 128 * u, "chunk": c * u} for c in (8, 16)]
+    return jobs
+
+
 def plan(small: bool) -> list[dict[str, Any]]:
     u = 16 if small else K
     cold = [1, 2, 4, 8, 16, 32, 64, 128] if not small else [4, 8, 16, 32]
@@ -146,6 +172,7 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="tiny shapes, for a CPU smoke run")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--budget-s", type=float, default=330.0)
+    ap.add_argument("--set", choices=("main", "followup"), default="main")
     args = ap.parse_args()
     t0 = time.perf_counter()
     dev = pick_device(args.cpu)
@@ -153,8 +180,9 @@ def main() -> None:
     meta: dict[str, Any] = {"bench": "stack", "env": environment(dev), **ceilings(dev)}
     st = Stack(SMALL if args.small else FULL, dev, torch.bfloat16)
     meta.update(shape=st.s.__dict__, params_hybrid=st.params(False), params_dense=st.params(True))
-    jobs = plan(args.small)
-    max_cached = max(j.get("cached", 0) for j in jobs)
+    jobs = plan(args.small) if args.set == "main" else followup_plan(args.small)
+    max_cached = max([j.get("cached", 0) for j in plan(args.small)]
+                     + [j["new"] for j in jobs if j["job"] == "chunked"])
     kvd = st.s.kv_heads * st.s.head_dim
     caches = [(torch.randn(max_cached, kvd, device=dev, dtype=st.dtype),
                torch.randn(max_cached, kvd, device=dev, dtype=st.dtype))
@@ -178,7 +206,9 @@ def main() -> None:
         else:
             reps = 2
         try:
-            if job["job"] == "decode":
+            if job["job"] == "chunked":
+                row = run_chunked(st, job["new"], job["chunk"], caches)
+            elif job["job"] == "decode":
                 row = run_decode(st, job["batch"], job["context"], 20)
             else:
                 row = run_prefill(st, job["dense"], job["cached"], job["new"], reps, caches)

@@ -9,6 +9,7 @@ import sys
 def line(r: dict) -> str:
     if r.get("kind") == "copy":
         return (f"copy {r['direction']} {r['mode']:9} {r['pin']:8} ov={int(r['overlap'])} "
+                f"prio={r.get('priority', 'normal'):6} "
                 f"chunk={r['chunk']:5} bpt={r['bpt'] // 1024}K tok={r['tokens']:7} "
                 f"{r['ms']:9.2f} ms {r['gbps']:7.2f} GB/s bad={r['bad_bytes']}")
     if r.get("kind") == "prefill":
@@ -16,6 +17,8 @@ def line(r: dict) -> str:
                 f"{r['ms']:10.1f} ms {r['tflops']:6.1f} TFLOP/s")
     if r.get("kind") == "decode":
         return f"decode b={r['batch']:3} ctx={r['context']:7} {r['ms']:8.3f} ms eager={r['eager_ms']}"
+    if r.get("kind") == "chunked_prefill":
+        return f"chunked prefill {r['new']:7} in {r['chunk']}-token steps {r['ms']:10.1f} ms"
     return json.dumps(r)[:200]
 
 
