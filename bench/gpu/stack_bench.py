@@ -130,10 +130,12 @@ def run_chunked(st: Stack, total: int, chunk: int,
 
 
 def followup_plan(small: bool) -> list[dict[str, Any]]:
-    """Second run: cold 32k and 128k again (spread), and 128k as chunked prefill."""
+    """Second run: a short question after a 128k cached prefix (the study's pool hit asks
+    64 tokens), cold 32k and 128k again (spread), and 128k as chunked prefill."""
     u = 16 if small else K
-    jobs: list[dict[str, Any]] = [{"job": "prefill", "dense": False, "cached": 0, "new": n * u}
-                                  for n in (32, 128)]
+    jobs: list[dict[str, Any]] = [{"job": "prefill", "dense": False, "cached": 128 * u, "new": n}
+                                  for n in (64, 512, 1568)]
+    jobs += [{"job": "prefill", "dense": False, "cached": 0, "new": n * u} for n in (32, 128)]
     jobs += [{"job": "chunked", "new": 128 * u, "chunk": c * u} for c in (8, 16)]
     return jobs
 
