@@ -62,6 +62,26 @@ def load(results: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dic
     return stack, copy, doc["meta"]
 
 
+def fit_decode(stack: list[dict[str, Any]], meta: dict[str, Any], out: list[str]
+               ) -> tuple[float, float]:
+    """Step 3: ``(d0, d1)`` from the measured ceilings; residuals appended to ``out``."""
+    dec = [r for r in stack if r.get("kind") == "decode" and "ms" in r]
+    hbm = meta["d2d_gbps"] * 1e9
+    d1 = STUDY["bytes_per_token"] / hbm
+    first = min(dec, key=lambda r: (r["batch"], r["context"]))
+    d0 = first["ms"] / 1e3 - 2 * d1 * first["context"]
+    out += ["", "### Decode step (CUDA graph): `d0 + d1 K`, K = batch x context", "",
+            f"HBM {hbm / 1e12:.2f} TB/s (device copy); d1 = 32 KiB / HBM = {d1 * 1e9:.2f} "
+            f"ns/token (FP8 KV; bf16, as measured: {2 * d1 * 1e9:.2f}); "
+            f"d0 = {d0 * 1e3:.2f} ms", "",
+            "| batch | context | measured ms | model ms (bf16 KV) | error |", "|---|---|---|---|---|"]
+    for r in dec:
+        pred = d0 + 2 * d1 * r["batch"] * r["context"]
+        out.append(f"| {r['batch']} | {r['context']} | {r['ms']:.2f} | {pred * 1e3:.2f} | "
+                   f"{100 * (pred / (r['ms'] / 1e3) - 1):+.1f} % |")
+    return float(d0), float(d1)
+
+
 def fit(stack: list[dict[str, Any]], copy: list[dict[str, Any]], meta: dict[str, Any]
         ) -> tuple[dict[str, Any], list[str]]:
     out: list[str] = []
@@ -97,20 +117,7 @@ def fit(stack: list[dict[str, Any]], copy: list[dict[str, Any]], meta: dict[str,
         out.append(f"| {r['tokens']} | {r['ms']:.2f} | {pred * 1e3:.2f} | "
                    f"{100 * (pred / (r['ms'] / 1e3) - 1):+.1f} % |")
 
-    dec = [r for r in stack if r.get("kind") == "decode" and "ms" in r]
-    hbm = meta["d2d_gbps"] * 1e9
-    d1 = STUDY["bytes_per_token"] / hbm
-    first = min(dec, key=lambda r: (r["batch"], r["context"]))
-    d0 = first["ms"] / 1e3 - 2 * d1 * first["context"]
-    out += ["", "### Decode step (CUDA graph): `d0 + d1 K`, K = batch x context", "",
-            f"HBM {hbm / 1e12:.2f} TB/s (device copy); d1 = 32 KiB / HBM = {d1 * 1e9:.2f} "
-            f"ns/token (FP8 KV; bf16, as measured: {2 * d1 * 1e9:.2f}); "
-            f"d0 = {d0 * 1e3:.2f} ms", "",
-            "| batch | context | measured ms | model ms (bf16 KV) | error |", "|---|---|---|---|---|"]
-    for r in dec:
-        pred = d0 + 2 * d1 * r["batch"] * r["context"]
-        out.append(f"| {r['batch']} | {r['context']} | {r['ms']:.2f} | {pred * 1e3:.2f} | "
-                   f"{100 * (pred / (r['ms'] / 1e3) - 1):+.1f} % |")
+    d0, d1 = fit_decode(stack, meta, out)
 
     store = max((r for r in copy if r.get("kind") == "copy" and r["direction"] == "d2h"
                  and r["mode"] == "layerwise" and r["pin"] == "pinned" and r["chunk"] == 1568
