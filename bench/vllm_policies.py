@@ -30,7 +30,7 @@ Noise on a 2-core machine: each engine's OpenMP threads on its own core, the pol
 order shuffled per repetition (seeded) so slow drift and warm-up fall on all alike, a
 warm-up request per router before the client starts, one client at a time; the client
 and router share the cores with the engines, as the JSON's ``host`` note says. Not part of
-CI (about 20 minutes for 3 repetitions).
+CI (about 50 minutes for 3 repetitions on 2 cores).
 """
 
 from __future__ import annotations
