@@ -24,6 +24,7 @@ from router.gate import Gate
 from router.index import PrefixIndex, open_index
 from router.locator import Locator, capacity_from_bytes
 from router.metrics import RouterMetrics
+from router.passthrough import Surface
 from router.proxy import Proxy
 from router.replicas import ReplicaSet, ServedModels
 from router.routes import Routes, install_error_handlers
@@ -97,6 +98,8 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
                   max_attempts=settings.max_attempts)
     admin = PolicyAdmin(proxy, policy_name, policy_options)
     gate = _gate(settings, replicas)
+    surface = Surface.build(settings, proxy=proxy, replicas=replicas, upstream=upstream,
+                            gate=gate)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -104,9 +107,11 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
         await index.warm()
         replicas.start()
         events.start()
+        surface.start()
         try:
             yield
         finally:
+            await surface.stop()
             await events.stop()
             await replicas.stop()
             await upstream.close()
@@ -116,7 +121,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
                   openapi_url=None)
     routes = Routes(proxy, replicas, metrics, locator, events, admin, gate,
                     mode="token" if tokenizer else "text")
-    app.router.routes.extend(routes.routes())
+    app.router.routes.extend([*routes.routes(), *surface.routes()])
     install_error_handlers(app)
     app.state.settings = settings
     app.state.proxy = proxy
