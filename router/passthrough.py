@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -42,10 +42,12 @@ from router.errors import BadRequest, NotFound, UpstreamConnectError
 from router.fanout import FanOut
 from router.gate import Gate
 from router.jsonbody import load_json
+from router.membership import Membership
 from router.models import ModelMap
 from router.openai_api import ParsedRequest, lax_bool, parse_request
 from router.proxy import Prepare, Proxy, Target
 from router.replicas import ReplicaSet
+from router.replicas_admin import replica_admin_routes
 from router.response_ids import ResponseIds
 from router.settings import Settings
 from router.shapes import messages_as_chat, responses_as_chat
@@ -86,16 +88,18 @@ class Surface:
     """The pass-through, pinned and fan-out routes over the router's parts."""
 
     def __init__(self, *, proxy: Proxy, replicas: ReplicaSet, upstream: Upstream, gate: Gate,
-                 models: ModelMap, ids: ResponseIds, fanout: FanOut,
+                 models: ModelMap, ids: ResponseIds, fanout: FanOut, membership: Membership,
                  lookup_timeout_s: float) -> None:
         self.proxy, self.replicas, self.upstream, self.gate = proxy, replicas, upstream, gate
         self.models, self.ids, self.fanout = models, ids, fanout
+        self.membership = membership
         self.lookup_timeout_s = lookup_timeout_s
 
     @classmethod
     def build(cls, settings: Settings, *, proxy: Proxy, replicas: ReplicaSet,
-              upstream: Upstream, gate: Gate) -> Surface:
-        """The surface for ``settings``; the proxy's candidates become the model map's."""
+              upstream: Upstream, gate: Gate, dns: Sequence[str] = ()) -> Surface:
+        """The surface for ``settings`` (its ``backends`` the URLs; ``dns`` the ``dns+``
+        entries); the proxy's candidates become the model map's."""
         models = ModelMap(replicas, upstream, interval_s=settings.models_refresh_s,
                           timeout_s=settings.health_timeout_s)
         proxy.candidates = models.candidates
@@ -103,13 +107,21 @@ class Surface:
         ids = ResponseIds(redis_url, ttl_s=settings.responses_ttl_s)
         fanout = FanOut(replicas, upstream, timeout_s=settings.fanout_timeout_s,
                         name_of=gate.name_of, drop_auth=bool(settings.admin_key))
+        membership = Membership(
+            replicas, upstream, gate=gate, locator=proxy.locator, models=models, ids=ids,
+            probe_timeout_s=settings.health_timeout_s, backends_file=settings.backends_file,
+            backends_poll_s=settings.backends_poll_s, dns=dns,
+            dns_interval_s=settings.dns_interval_s, dns_hosts_file=settings.dns_hosts_file)
         return cls(proxy=proxy, replicas=replicas, upstream=upstream, gate=gate, models=models,
-                   ids=ids, fanout=fanout, lookup_timeout_s=settings.health_timeout_s)
+                   ids=ids, fanout=fanout, membership=membership,
+                   lookup_timeout_s=settings.health_timeout_s)
 
     def start(self) -> None:
         self.models.start()
+        self.membership.start()
 
     async def stop(self) -> None:
+        await self.membership.stop()
         await self.models.stop()
         await self.ids.close()
 
@@ -242,4 +254,6 @@ class Surface:
                   methods=["POST"]),
             *(Route(p, wrap("internal", self.fan_out), methods=["POST"]) for p in FAN_OUT_POST),
             Route("/is_sleeping", wrap("internal", self.fan_out), methods=["GET"]),
+            *(Route(r.path, wrap("admin", r.endpoint), methods=r.methods)
+              for r in replica_admin_routes(self.membership)),
         ]
