@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+import redis
 from servers import Server, replica, router
 
 ADMIN = {"authorization": "Bearer admin-key"}
@@ -225,3 +226,25 @@ def test_sleep_and_wake_reach_every_replica(fleet) -> None:
     assert httpx.post(lm.url + "/reset_prefix_cache", headers=ADMIN).json()["ok"] is True
     awake = httpx.get(lm.url + "/is_sleeping", headers=ADMIN).json()
     assert [d["body"] for d in awake["data"]] == [{"is_sleeping": False}] * 2
+
+
+def test_routers_sharing_a_redis_index_share_response_ids(start_servers, redis_url: str) -> None:
+    a, b = start_servers(replica()), start_servers(replica())
+    opts = ("--policy", "round_robin", "--expose-replica-header", "--index", redis_url)
+    first = start_servers(router([a.url, b.url], *opts))
+    second = start_servers(router([a.url, b.url], *opts))
+    raw = _client(first).responses.with_raw_response.create(model=MODEL, input="shared",
+                                                            max_output_tokens=2)
+    created = raw.parse()
+    stored = redis.Redis.from_url(redis_url).get("lmroute:response:" + created.id)
+    assert stored == raw.headers["x-lmroute-replica"].encode()
+    for _ in range(3):  # the other router reads the holder from Redis
+        got = _client(second).responses.with_raw_response.retrieve(created.id)
+        assert got.headers["x-lmroute-replica"] == raw.headers["x-lmroute-replica"]
+
+
+def test_unknown_response_id_is_404(fleet) -> None:
+    _, _, lm = fleet
+    with pytest.raises(openai.NotFoundError) as err:
+        _client(lm).responses.retrieve("resp_unknown")
+    assert err.value.body["message"] == "Response with id 'resp_unknown' not found."
