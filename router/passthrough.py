@@ -38,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from router.errors import BadRequest, NotFound, UpstreamConnectError
+from router.errors import BadRequest, NotFound, PayloadTooLarge, UpstreamConnectError
 from router.fanout import FanOut
 from router.gate import Gate
 from router.jsonbody import load_json
@@ -51,7 +51,7 @@ from router.replicas_admin import replica_admin_routes
 from router.response_ids import ResponseIds
 from router.settings import Settings
 from router.shapes import messages_as_chat, responses_as_chat
-from router.upload import ReplayBody, guarded
+from router.upload import ReplayBody, check_declared, guarded
 from router.upstream import Upstream
 
 BALANCED = ("/v1/embeddings", "/tokenize", "/detokenize", "/v1/score", "/score", "/v1/rerank",
@@ -211,8 +211,11 @@ class Surface:
         return handler
 
     async def upload(self, request: Request) -> Response:
+        check_declared(request, self.proxy.max_body_bytes)
         body = ReplayBody(request, self.proxy.max_body_bytes)
         model = await body.sniff_model()
+        if body.cut:
+            raise PayloadTooLarge(body.cut) if "limit" in body.cut else BadRequest(body.cut)
 
         async def prepare(req: Request) -> tuple[ParsedRequest, Target]:
             parsed = balanced(request, {"model": model} if model else {}, 0)

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from typing import Any
 
 log = logging.getLogger("lmroute.responses")
 KEY = "lmroute:response:"
@@ -29,7 +27,14 @@ class ResponseIds:
         self._local: OrderedDict[str, str] = OrderedDict()
         self._max = max_entries
         self._ttl = max(1, int(ttl_s))
-        self._redis = aioredis.from_url(redis_url, socket_timeout=1.0) if redis_url else None
+        self._redis: Any = None
+        self._errors: tuple[type[BaseException], ...] = (OSError,)
+        if redis_url:  # imported only then: a router without Redis never loads it
+            import redis.asyncio as aioredis
+            from redis.exceptions import RedisError
+
+            self._redis = aioredis.from_url(redis_url, socket_timeout=1.0)
+            self._errors = (RedisError, OSError)
 
     async def put(self, response_id: str, replica: str) -> None:
         self._local[response_id] = replica
@@ -39,7 +44,7 @@ class ResponseIds:
         if self._redis is not None:
             try:
                 await self._redis.set(KEY + response_id, replica, ex=self._ttl)
-            except (RedisError, OSError) as exc:
+            except self._errors as exc:
                 log.warning("response id not written to Redis: %r", exc)
 
     async def get(self, response_id: str) -> str | None:
@@ -48,7 +53,7 @@ class ResponseIds:
                 found = await self._redis.get(KEY + response_id)
                 if found is not None:
                     return found.decode() if isinstance(found, bytes) else str(found)
-            except (RedisError, OSError) as exc:
+            except self._errors as exc:
                 log.warning("response id not read from Redis: %r", exc)
         return self._local.get(response_id)
 
@@ -57,7 +62,7 @@ class ResponseIds:
         if self._redis is not None:
             try:
                 await self._redis.delete(KEY + response_id)
-            except (RedisError, OSError) as exc:
+            except self._errors as exc:
                 log.warning("response id not deleted from Redis: %r", exc)
 
     async def forget_replica(self, replica: str) -> None:

@@ -1,9 +1,13 @@
 """Streamed uploads (audio transcriptions and translations): through, and replayable.
 
 A multipart upload is not read whole before it is forwarded: ``ReplayBody`` reads the
-client's body as the replica consumes it, keeping what it read (under
-``max_body_bytes``, 413 past it), so an attempt that fails before the replica's first
-byte is replayed to the next replica from the kept bytes, then from the client again.
+client's body as the replica consumes it, keeping what it read, so an attempt that fails
+before the replica's first byte is replayed to the next replica from the kept bytes, then
+from the client again. Size: a declared ``Content-Length`` over ``max_body_bytes`` is a
+413 before anything is sent (``check_declared``); a body without one that grows past the
+limit, or whose client leaves mid-upload, is cut there (``cut`` says why): the replica
+gets a truncated body and answers its own error, and no error is raised inside the HTTP
+client, where it would read as the replica's fault.
 
 Routing needs one thing from the upload, its ``model`` field: ``sniff_model`` reads
 ahead (into the same kept bytes) until that field's value is complete, the first file
@@ -24,7 +28,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.types import Message
 
-from router.errors import PayloadTooLarge
+from router.errors import BadRequest, PayloadTooLarge
 
 SNIFF_BYTES = 64 * 1024
 _MODEL = re.compile(rb'name="model"\r\n(?:[^\r\n]+\r\n)*\r\n([^\r]*)\r\n')
@@ -40,24 +44,27 @@ class ReplayBody:
         self._kept: list[bytes] = []
         self._size = 0
         self.complete = asyncio.Event()
+        self.cut = ""  # why the body was cut short ("" while whole)
 
-    async def _next(self) -> bytes | None:
-        """The client's next chunk (kept), or None at the end."""
+    async def _next(self) -> None:
+        """Keep the client's next chunk; at the end (or a cut) set ``complete``."""
         if self.complete.is_set():
-            return None
+            return
         message = await self._receive()
-        if message["type"] != "http.request":  # the client left mid-upload
+        if message["type"] != "http.request":
+            self.cut = "the client disconnected during the upload"
             self.complete.set()
-            raise ConnectionError("client disconnected during the upload")
+            return
         chunk: bytes = message.get("body", b"")
         self._size += len(chunk)
         if self._size > self._limit:
-            raise PayloadTooLarge(f"request body exceeds the {self._limit}-byte limit")
+            self.cut = f"request body exceeds the {self._limit}-byte limit"
+            self.complete.set()
+            return
         if not message.get("more_body", False):
             self.complete.set()
         if chunk:
             self._kept.append(chunk)
-        return chunk
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The whole body from its first byte: the kept part, then the rest as it comes."""
@@ -81,6 +88,15 @@ class ReplayBody:
             if file_at or self.complete.is_set() or len(head) >= SNIFF_BYTES:
                 return None
             await self._next()
+
+
+def check_declared(request: Request, limit: int) -> None:
+    """413 for a declared ``Content-Length`` over ``limit`` (400 if not a number)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and not declared.isdigit():
+        raise BadRequest("invalid Content-Length header")
+    if declared is not None and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
 
 
 def guarded(request: Request, body: ReplayBody) -> Request:

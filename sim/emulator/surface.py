@@ -76,15 +76,10 @@ class ReplicaSurface:
         self.replica = replica  # sim.emulator.server.EmulatedReplica
         self.pieces: dict[int, str] = {}
         self.sleeping = False
-        self._seq = 0
 
     def rid(self, prefix: str, request: Request) -> str:
         """An id from the request's ``X-Request-Id`` (as vLLM's), else a counter."""
-        given = request.headers.get("x-request-id")
-        if given:
-            return f"{prefix}-{given}"
-        self._seq += 1
-        return f"{prefix}-{self._seq:012d}"
+        return str(self.replica._request_id(request, prefix))
 
     def fault(self) -> Response | None:
         """The injected ``http_status`` fault (``/_emulator/faults``), if any."""

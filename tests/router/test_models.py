@@ -3,23 +3,13 @@ loaded at run time through the router); an unknown model is vLLM's 404, not a 50
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import openai
 import pytest
 from servers import replica, router
+from test_failover import _wait
 
 ADMIN = {"authorization": "Bearer admin-key"}
-
-
-def _wait(predicate, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 @pytest.fixture

@@ -248,3 +248,12 @@ def test_unknown_response_id_is_404(fleet) -> None:
     with pytest.raises(openai.NotFoundError) as err:
         _client(lm).responses.retrieve("resp_unknown")
     assert err.value.body["message"] == "Response with id 'resp_unknown' not found."
+
+
+def test_upload_over_the_limit_is_413(start_servers) -> None:
+    a = start_servers(replica())
+    lm = start_servers(router([a.url], "--max-body-bytes", "4096"))
+    r = httpx.post(lm.url + "/v1/audio/transcriptions", data={"model": MODEL},
+                   files={"file": ("a.wav", AUDIO)})
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
