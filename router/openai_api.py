@@ -46,6 +46,16 @@ class ParsedRequest:
     session: str
     prompt_chars: int
     max_tokens: int | None
+    # Pass-through routes (``router.passthrough``): ``label`` names the route in metrics and
+    # in the policy's view; ``hashed`` false: no prompt prefix to look up (load-balanced);
+    # ``replica`` pins the request to the replica holding what it names (a stored response).
+    label: str = ""
+    hashed: bool = True
+    replica: str | None = None
+
+    @property
+    def route(self) -> str:
+        return self.label or self.endpoint
 
 
 def _is_int(value: Any) -> bool:

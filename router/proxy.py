@@ -27,14 +27,14 @@ that chose it, so an in-flight request finishes against the policy that routed i
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from policies.base import Decision, NoReplicaAvailable, Outcome, Policy, RequestView
+from policies.base import Decision, NoReplicaAvailable, Outcome, Policy, ReplicaView, RequestView
 from router.errors import (
     BadRequest,
     LmrouteError,
@@ -53,6 +53,23 @@ from router.upstream import Upstream, UpstreamResponse, end_to_end
 
 Clock = Callable[[], float]
 PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What each attempt sends: ``body`` is bytes, or a factory of a fresh stream per attempt
+    (a streamed upload replayed on failover, ``router.upload``)."""
+
+    method: str
+    path: str  # with its query string
+    body: bytes | Callable[[], AsyncIterable[bytes]] | None
+
+    def payload(self) -> bytes | AsyncIterable[bytes] | None:
+        return self.body() if callable(self.body) else self.body
+
+
+# A pass-through route's parse: the request -> what routing needs, and what to send.
+Prepare = Callable[[Request], Awaitable[tuple[ParsedRequest, Target]]]
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -111,14 +128,23 @@ class Proxy:
         self.clock = clock
         self.max_body_bytes = max_body_bytes
         self.max_attempts = max_attempts
+        # The replicas a request may go to (``router.models``: its model, drains, pins).
+        self.candidates: Callable[[ParsedRequest], list[ReplicaView]] = \
+            lambda parsed: self.replicas.views()
 
-    async def handle(self, endpoint: Endpoint, request: Request) -> Response:
+    async def handle(self, endpoint: Endpoint, request: Request,
+                     prepare: Prepare | None = None) -> Response:
+        """Route one request: chat/completions, or a pass-through route's ``prepare``."""
         t0 = self.clock()
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         try:
-            raw = await read_body(request, self.max_body_bytes)
-            parsed = parse_request(endpoint, raw, request.headers.get("x-session-id"))
-            return await self._route(parsed, raw, request, request_id, t0)
+            if prepare is None:
+                raw = await read_body(request, self.max_body_bytes)
+                parsed = parse_request(endpoint, raw, request.headers.get("x-session-id"))
+                target = Target("POST", PATHS[endpoint], raw)
+            else:
+                parsed, target = await prepare(request)
+            return await self._route(parsed, target, request, request_id, t0)
         except LmrouteError as err:  # rendered by the app's handler (router.routes)
             self.metrics.refused(err.code or err.type)
             err.request_id = request_id
@@ -130,7 +156,7 @@ class Proxy:
             request_id=request_id,
             model=parsed.model,
             session=parsed.session,
-            endpoint=parsed.endpoint,
+            endpoint=parsed.route,
             stream=parsed.stream,
             prompt_tokens=parsed.prompt_chars // 4,
             max_tokens=parsed.max_tokens,
@@ -139,7 +165,7 @@ class Proxy:
             now=now,
         )
 
-    async def _route(self, parsed: ParsedRequest, raw: bytes, request: Request,
+    async def _route(self, parsed: ParsedRequest, target: Target, request: Request,
                      request_id: str, t0: float) -> Response:
         headers = end_to_end((k.decode("latin-1"), v.decode("latin-1"))
                              for k, v in request.headers.raw)
@@ -154,7 +180,7 @@ class Proxy:
         for attempt_no in range(self.max_attempts):
             view = replace(view, exclude=frozenset(tried), now=self.clock())
             try:
-                decision = policy.choose(view, self.replicas.views())
+                decision = policy.choose(view, self.candidates(parsed))
             except NoReplicaAvailable:
                 break
             replica = self.replicas.by_id[decision.replica]
@@ -168,8 +194,8 @@ class Proxy:
             if attempt_no == 0:
                 self.metrics.routing_overhead(self.clock() - t0)
             try:
-                resp = await self.upstream.send("POST", replica.url + PATHS[parsed.endpoint],
-                                                headers, raw)
+                resp = await self.upstream.send(target.method, replica.url + target.path,
+                                                headers, target.payload())
             except UpstreamConnectError as exc:
                 self._failed(attempt, "connect", str(exc))
                 last_error = exc
@@ -191,7 +217,7 @@ class Proxy:
             return self._buffered(resp, body, attempt, request_id)
         if last_5xx is not None:
             resp, body, attempt = last_5xx
-            self.metrics.request_done(parsed.endpoint, attempt.replica.url, resp.status,
+            self.metrics.request_done(parsed.route, attempt.replica.url, resp.status,
                                       attempt.decision.arm)
             return self._buffered(resp, body, attempt, request_id)
         if last_error is not None:
