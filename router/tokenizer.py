@@ -7,12 +7,13 @@ token ids that vLLM's BlockStored events carry, and keys from both sides meet in
 What vLLM does, and so what this does:
 - chat: render the chat template (``chat_template.jinja`` beside the tokenizer, as
   transformers >= 4.5x saves it, else ``chat_template`` in ``tokenizer_config.json``; a
-  list of named templates picks ``default``) with ``messages``, ``tools``,
-  ``add_generation_prompt`` (default true), ``bos_token``, ``eos_token`` and the body's
-  ``chat_template_kwargs``, in a sandboxed Jinja environment configured like transformers'
-  (trim_blocks, lstrip_blocks, loop controls, ``tojson``, ``raise_exception``); then encode
-  the text WITHOUT adding special tokens (the template writes them). Message content given
-  as a list of text parts is joined with "\\n", as vLLM does for string-format templates.
+  list of named templates picks ``default``) with the messages, tools and arguments that
+  vLLM's preprocessing gives it (``router.chat_prep``: tool-call arguments parsed, content
+  parts flattened, ``add_generation_prompt``, ``continue_final_message``,
+  ``chat_template_kwargs``, the tokenizer's special tokens), in a sandboxed Jinja
+  environment configured like transformers' (trim_blocks, lstrip_blocks, loop controls,
+  ``tojson``, ``raise_exception``, ``generation`` blocks); then encode the text WITHOUT
+  adding special tokens (the template writes them).
 - completions: a text prompt is encoded WITH special tokens (the tokenizer's
   post-processor); a prompt of token ids is used as is; a batch routes by its first prompt.
 
@@ -29,12 +30,18 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from router.chat_prep import TemplateFailed, render, template_args
 
-class TemplateFailed(ValueError):
-    """The chat template could not render this body."""
+__all__ = ["ChatTokenizer", "TemplateFailed"]
+# transformers' SPECIAL_TOKENS_ATTRIBUTES: all of them reach the template.
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                  "mask_token")
 
 
 def _token_text(value: Any) -> str:
@@ -54,27 +61,36 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
                       sort_keys=sort_keys)
 
 
-def _content_text(content: Any) -> Any:
-    if isinstance(content, list) and all(
-        isinstance(p, Mapping) and p.get("type") == "text" for p in content
-    ):
-        return "\n".join(str(p.get("text", "")) for p in content)
-    return content
+class _Generation(Extension):
+    """``{% generation %}...{% endgeneration %}`` (assistant masks) renders its body."""
+
+    tags = {"generation"}  # noqa: RUF012 (jinja2 reads it as declared on Extension)
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body).set_lineno(lineno)
+
+
+def environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_Generation, "jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
 
 
 class ChatTokenizer:
     """Token ids of chat and completions bodies, as the serving engine computes them."""
 
-    def __init__(self, tokenizer: Tokenizer, template: str | None, bos: str, eos: str):
+    def __init__(self, tokenizer: Tokenizer, template: str | None,
+                 special: Mapping[str, str]) -> None:
         self._tok = tokenizer
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        self._template = env.from_string(template) if template else None
-        self._bos = bos
-        self._eos = eos
+        self._env = environment()
+        self._source = template or ""
+        self._template = self._env.from_string(template) if template else None
+        self._special = {k: v for k, v in special.items() if v}
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ChatTokenizer:
@@ -93,31 +109,21 @@ class ChatTokenizer:
             if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
                 named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
                 template = named.get("default")
-        return cls(tokenizer, template if isinstance(template, str) else None,
-                   _token_text(config.get("bos_token")), _token_text(config.get("eos_token")))
+        special = {k: _token_text(config.get(k)) for k in SPECIAL_TOKENS}
+        return cls(tokenizer, template if isinstance(template, str) else None, special)
 
     def render_chat(self, body: Mapping[str, Any]) -> str:
         if self._template is None:
             raise TemplateFailed("the tokenizer has no chat template")
-        raw = body.get("messages")
-        messages = [
-            {**m, "content": _content_text(m.get("content"))} if isinstance(m, Mapping) else m
-            for m in (raw if isinstance(raw, list) else [])
-        ]
-        extra = body.get("chat_template_kwargs")
-        context: dict[str, Any] = dict(extra) if isinstance(extra, Mapping) else {}
-        add_generation_prompt = body.get("add_generation_prompt", True)
-        context.update(
-            messages=messages,
-            tools=body.get("tools"),
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self._bos,
-            eos_token=self._eos,
-        )
+        args = template_args(body, self._source, self._env, self._special)
         try:
-            return self._template.render(**context)
+            return render(self._template.render, args)
         except jinja2.TemplateError as exc:
             raise TemplateFailed(str(exc)) from exc
+        except TemplateFailed:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise TemplateFailed(f"{type(exc).__name__}: {exc}") from exc
 
     def chat_ids(self, body: Mapping[str, Any]) -> list[int]:
         ids: list[int] = self._tok.encode(self.render_chat(body), add_special_tokens=False).ids
