@@ -1,4 +1,4 @@
-"""Fixtures of the real-vLLM suite: the tiny model, two vLLM replicas with KV events.
+"""Fixtures of the real-vLLM suite: the tiny model, one or two vLLM replicas with KV events.
 
 Tests marked ``vllm`` run only when selected (``make test-vllm`` passes ``-m vllm``); a
 run without ``-m`` deselects them, so plain ``pytest`` never reports them as passed or
@@ -34,23 +34,30 @@ def tiny_model() -> Path:
     return make_model(python, REPO / ".cache" / "e2e-model")
 
 
+def _server(model: Path, cpu: int) -> VllmServer:
+    """Replica 0's publisher binds ``tcp://*:P`` (the usual deployment; the router
+    connects); replica 1 is given ``tcp://127.0.0.1:P``, so vLLM connects and the router
+    binds (``bind:``). Both bind their replay endpoint."""
+    port, pub, replay = free_port(), free_port(), free_port()
+    events = f"tcp://*:{pub}" if cpu == 0 else f"tcp://127.0.0.1:{pub}"
+    return VllmServer(vllm_python(), model, port, events, f"tcp://127.0.0.1:{replay}", cpu)
+
+
 @pytest.fixture(scope="session")
-def engines(tiny_model: Path) -> Iterator[list[VllmServer]]:
-    """Two replicas, started together. Replica 0's publisher binds ``tcp://*:P`` (the usual
-    deployment; the router connects); replica 1 is given ``tcp://127.0.0.1:P``, so vLLM
-    connects and the router binds (``bind:``). Both bind their replay endpoint."""
-    servers = []
-    for cpu in (0, 1):
-        port, pub, replay = free_port(), free_port(), free_port()
-        events = f"tcp://*:{pub}" if cpu == 0 else f"tcp://127.0.0.1:{pub}"
-        servers.append(VllmServer(vllm_python(), tiny_model, port, events,
-                                  f"tcp://127.0.0.1:{replay}", cpu))
+def engine(tiny_model: Path) -> Iterator[VllmServer]:
+    """One replica: enough for the tests that only ask vLLM (token parity)."""
+    server = _server(tiny_model, 0)
     try:
-        for s in servers:
-            s.launch()
-        for s in servers:
-            s.wait_ready()
-        yield servers
+        yield server.launch().wait_ready()
     finally:
-        for s in servers:
-            s.stop()
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def engines(engine: VllmServer, tiny_model: Path) -> Iterator[list[VllmServer]]:
+    """Two replicas: ``engine`` and a second one on the other core."""
+    second = _server(tiny_model, 1)
+    try:
+        yield [engine, second.launch().wait_ready()]
+    finally:
+        second.stop()

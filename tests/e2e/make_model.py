@@ -4,7 +4,7 @@ Run with the vLLM venv's Python (it has torch, transformers, tokenizers):
 ``python tests/e2e/make_model.py OUT_DIR``. Recipe ("Real vLLM on
 this CPU machine"): a byte-level BPE with a 2,048-token vocabulary trained with
 ``tokenizers`` on seeded generated text, wrapped in ``PreTrainedTokenizerFast`` with a
-chat template; a ``LlamaConfig`` with 2 layers, hidden size 128, 4 heads / 2 KV heads and
+chat template that renders tools, tool calls and tool results; a ``LlamaConfig`` with 2 layers, hidden size 128, 4 heads / 2 KV heads and
 random weights (seed 0), saved with ``save_pretrained`` (~2 MB, ~10 s). Everything is
 seeded, so two builds give the same token ids. A ``.recipe`` file marks a finished build:
 an existing one with the same recipe version is kept as is.
@@ -16,11 +16,23 @@ import random
 import sys
 from pathlib import Path
 
-RECIPE = "tiny-llama-v1"
+RECIPE = "tiny-llama-v2"
 VOCAB = 2048
+# Renders what real tool-calling templates render, so token parity means something: the
+# tools (``tojson``), each assistant tool call's name and ``arguments | tojson`` (a JSON
+# string left unparsed would render quoted), tool results with their call id, and one
+# template variable of its own for ``chat_template_kwargs``. A chat without tools renders
+# exactly as recipe v1 did.
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{{ bos_token }}{% if tools %}<|tools|>\n{% for tool in tools %}{{ tool | tojson }}\n"
+    "{% endfor %}{{ eos_token }}\n{% endif %}"
+    "{% if hint is defined %}<|hint|>\n{{ hint }}{{ eos_token }}\n{% endif %}"
+    "{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{% if message['role'] == 'tool' %}<|result|>{{ message['tool_call_id'] }} {% endif %}"
+    "{{ message['content'] }}"
+    "{% if message['tool_calls'] %}{% for call in message['tool_calls'] %}\n<|call|>"
+    "{{ call['function']['name'] }} {{ call['function']['arguments'] | tojson }}"
+    "{% endfor %}{% endif %}{{ eos_token }}\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
