@@ -28,6 +28,10 @@ TOOLS = [
     {"type": "function", "function": {"name": "now"}},
 ]
 REFUSED = ("refused-image-part", "refused-continue-and-generation-prompt")
+# Refused by vLLM's request validation (pydantic: ``arguments`` must be a string; an
+# input_text / output_text part is not a chat-completions part), rendered by the router,
+# which does not re-validate: the replica answers the client's 400 itself.
+VLLM_REJECTS = ("tool-object", "tool-null-arguments", "parts-input-output-text")
 
 
 def words(rng: random.Random, n: int) -> str:
