@@ -1,13 +1,12 @@
-"""Build the e2e suite's tiny Llama model and tokenizer locally (no downloads).
-
-Run with the vLLM venv's Python (it has torch, transformers, tokenizers):
-``python tests/e2e/make_model.py OUT_DIR``. Recipe ("Real vLLM on
-this CPU machine"): a byte-level BPE with a 2,048-token vocabulary trained with
-``tokenizers`` on seeded generated text, wrapped in ``PreTrainedTokenizerFast`` with a
-chat template that renders tools, tool calls and tool results; a ``LlamaConfig`` with 2
-layers, hidden size 128, 4 heads / 2 KV heads and random weights (seed 0), saved with
-``save_pretrained`` (~2 MB, ~10 s). Everything is seeded, so two builds give the same token ids. A ``.recipe`` file marks a finished build:
-an existing one with the same recipe version is kept as is.
+"""Build the e2e suite's tiny Llama model and tokenizer locally (no downloads). Run with the
+vLLM venv's Python (it has torch, transformers, tokenizers): ``python
+tests/e2e/make_model.py OUT_DIR``. Recipe ("Real vLLM on this CPU machine"): a byte-level
+BPE with a 2,048-token vocabulary trained with ``tokenizers`` on seeded generated text,
+wrapped in ``PreTrainedTokenizerFast`` with a chat template that renders tools, tool calls
+and tool results; a ``LlamaConfig`` with 2 layers, hidden size 128, 4 heads / 2 KV heads and
+random weights (seed 0), saved with ``save_pretrained`` (~2 MB, ~10 s). Everything is
+seeded, so two builds give the same token ids. A ``.recipe`` file marks a finished build: an
+existing one with the same recipe version is kept as is.
 """
 
 from __future__ import annotations
