@@ -1,5 +1,6 @@
-"""Build the e2e suite's tiny Llama model and tokenizer locally (no downloads). Run with the
-vLLM venv's Python (it has torch, transformers, tokenizers): ``python
+"""Build the e2e suite's tiny Llama model and tokenizer locally (no downloads).
+
+Run with the vLLM venv's Python (it has torch, transformers, tokenizers): ``python
 tests/e2e/make_model.py OUT_DIR``. Recipe ("Real vLLM on this CPU machine"): a byte-level
 BPE with a 2,048-token vocabulary trained with ``tokenizers`` on seeded generated text,
 wrapped in ``PreTrainedTokenizerFast`` with a chat template that renders tools, tool calls
