@@ -55,8 +55,10 @@ TEXT_KEYS = {"text": "text", "input_text": "text", "output_text": "text",
 MEDIA = {"image_url": "image", "input_image": "image", "image_pil": "image",
          "image_embeds": "image", "audio_url": "audio", "input_audio": "audio",
          "audio_embeds": "audio", "video_url": "video", "video_embeds": "video"}
-KNOWN_PART_KEYS = {"type", "uuid", "text", "refusal", "thinking", "name", "tool_reference",
-                   "data", "prompt_embeds", "detail", *MEDIA}
+# vLLM's _KNOWN_CONTENT_PART_FIELDS (0.32): any other key of a part reaches the template.
+KNOWN_PART_KEYS = {"audio_embeds", "audio_url", "closed", "data", "file", "image_embeds",
+                   "image_pil", "image_url", "input_audio", "name", "prompt_cache_breakpoint",
+                   "refusal", "text", "thinking", "type", "uuid", "video_embeds", "video_url"}
 BILLING_HEADER = "x-anthropic-billing-header"
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 UNSET = (None, "auto")
@@ -96,12 +98,13 @@ def _part(part: Any, openai: bool) -> Any:
         extra = {k: v for k, v in part.items() if k not in KNOWN_PART_KEYS}
         return {"type": "text", "text": text, **extra} if openai else text
     if kind == "tool_reference":
-        name = part.get("name") if part.get("type") else part.get("tool_reference")
+        name = part.get("name")
         return {"type": "tool_reference", "name": name} if openai else name
     if kind in MEDIA and openai:
         extra = {k: v for k, v in part.items() if k not in KNOWN_PART_KEYS}
         return {"type": MEDIA[kind], **extra}
-    raise TemplateFailed(f"content part {kind!r}: its placeholder depends on the model")
+    raise TemplateFailed(f"content part {kind!r}: unsupported here, or its placeholder "
+                         "depends on the model")
 
 
 def _content(role: str, content: Any, openai: bool) -> Any:
