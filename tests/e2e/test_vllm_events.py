@@ -109,8 +109,10 @@ def lm(engines: list[VllmServer], tiny_model: Path) -> Iterator[Server]:
         poke(e, "warmup")
     yield server
     server.stop()
-    if path := os.environ.get("LMROUTE_E2E_REPORT"):
-        Path(path).write_text(json.dumps(REPORT, indent=2))
+    if path := os.environ.get("LMROUTE_E2E_REPORT"):  # merged: other modules add theirs
+        target = Path(path)
+        data = json.loads(target.read_text()) if target.exists() else {}
+        target.write_text(json.dumps({**data, **REPORT}, indent=2))
     print("\ne2e report:", json.dumps(REPORT))
 
 
