@@ -26,6 +26,8 @@ chain leaves the engine's at the first difference. Steps, in vLLM's order:
    tokenizer's special tokens, ``tools``, the body's ``chat_template_kwargs``, then
    ``add_generation_prompt`` (default true), ``continue_final_message``, ``documents``,
    ``reasoning_effort`` (and ``enable_thinking`` from it unless the kwargs set it).
+   ``tools`` and ``documents`` are always defined (None when absent), as transformers
+   passes them; ``continue_final_message`` is not a template variable.
 7. ``continue_final_message`` (transformers): a tag is appended to the final message's
    content (its last text part in openai format), the text is cut at the tag.
 
@@ -246,6 +248,8 @@ def template_args(body: Mapping[str, Any], template: str, env: jinja2.Environmen
     tools = body.get("tools")
     kwargs = body.get("chat_template_kwargs")
     user = kwargs if isinstance(kwargs, Mapping) else {}
+    if {"chat_template", "tokenize"} & set(user):
+        raise TemplateFailed("chat_template_kwargs may not set chat_template or tokenize")
     request = {k: body.get(k) for k in ("add_generation_prompt", "continue_final_message",
                                         "documents", "reasoning_effort")}
     request["add_generation_prompt"] = body.get("add_generation_prompt", True)
@@ -255,12 +259,16 @@ def template_args(body: Mapping[str, Any], template: str, env: jinja2.Environmen
                  merge(user, request))
     if args.get("continue_final_message") and args.get("add_generation_prompt"):
         raise TemplateFailed("continue_final_message and add_generation_prompt exclude each other")
-    return {**special, **args, "messages": messages}
+    # transformers always passes tools and documents (None when absent): ``is defined``
+    # holds for both in every template.
+    return {**special, "documents": None, **args, "messages": messages}
 
 
 def render(compiled: Callable[..., str], args: dict[str, Any]) -> str:
-    """Render, with transformers' cut after the final message for continue_final_message."""
-    if not args.get("continue_final_message"):
+    """Render, with transformers' cut after the final message for continue_final_message
+    (a parameter of apply_chat_template, not a template variable)."""
+    args = dict(args)
+    if not args.pop("continue_final_message", False):
         return compiled(**args)
     messages = [dict(m) for m in args["messages"]]
     final = messages[-1].get("content")

@@ -121,3 +121,15 @@ def test_generation_blocks_and_bad_bodies(tmp_path: Path) -> None:
                 {"messages": [{"role": "assistant", "tool_calls": [{"type": "web"}]}]}):
         with pytest.raises(TemplateFailed):
             tok.render_chat(bad)
+
+
+def test_variables_defined_as_transformers_defines_them(tmp_path: Path) -> None:
+    template = ("{{ tools is defined }} {{ documents is defined }} "
+                "{{ continue_final_message is defined }} {{ unk_token }}"
+                "{% for m in messages %}|{{ m['content'] }}{% endfor %}")
+    tok = tokenizer(tmp_path, template)
+    body = {"messages": [{"role": "assistant", "content": "go"}], "add_generation_prompt": False,
+            "continue_final_message": True}
+    assert tok.render_chat(body) == "True True False |go"
+    with pytest.raises(TemplateFailed):
+        tok.render_chat({**body, "chat_template_kwargs": {"tokenize": True}})
