@@ -1,0 +1,232 @@
+"""KV events, the remaining cases: replay layouts, data-parallel ranks, replica-local CPU
+offload, pool capacity.
+
+Publishers are real pyzmq PUB/ROUTER sockets on 127.0.0.1 speaking vLLM's wire format;
+the consumer is the router's own ``EngineEvents`` over a real ``MemoryIndex``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+from servers_redis import free_port
+from test_events import IDS, ROOT, stores
+
+from policies.base import Tier
+from router.events import EngineEvents, KvIngest, parse_sources
+from router.index import MemoryIndex
+from router.locator import capacity_from_bytes
+from router.prefix import token_chain
+from sim.emulator.kv_events import block_removed
+
+R = "http://r1"
+CHAIN = token_chain(IDS, ROOT, 256)
+
+
+class Rank:
+    """One engine's publisher (one DP rank): PUB, and a ROUTER answering replays."""
+
+    def __init__(self, *, topic_in_replay: bool = True) -> None:
+        self.ctx = zmq.Context()
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.replay_endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.bind(self.endpoint)
+        self.sent: list[tuple[int, bytes]] = []
+        self._topic_in_replay = topic_in_replay
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve_replay, daemon=True)
+        self._thread.start()
+
+    def send(self, seq: int, events: list[Any], wire: bool = True) -> None:
+        payload = msgpack.packb([1.0, events, 0])
+        self.sent.append((seq, payload))
+        if wire:
+            self.pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
+
+    def _serve_replay(self) -> None:
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.bind(self.replay_endpoint)
+        topic = [b"kv-events"] if self._topic_in_replay else []
+        while not self._stop.is_set():
+            if not sock.poll(50):
+                continue
+            client, _, start = sock.recv_multipart()
+            for seq, buf in self.sent:
+                if seq >= int.from_bytes(start, "big"):
+                    sock.send_multipart([client, b"", *topic, seq.to_bytes(8, "big"), buf])
+            end = (-1).to_bytes(8, "big", signed=True)
+            sock.send_multipart([client, b"", *([b""] if topic else []), end, b""])
+        sock.close(0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.pub.close(0)
+        self.ctx.term()
+
+
+async def _model(replica: str) -> str:
+    return "m"
+
+
+async def joined(events: EngineEvents, ranks: Sequence[Rank]) -> None:
+    """Wait until every rank's SUB is through (a SUB misses what precedes its join)."""
+    empty = msgpack.packb([0.0, [], 0])
+    async with asyncio.timeout(5):
+        for state, rank in zip(events.ranks[R], ranks, strict=True):
+            while state.batches == 0:
+                rank.pub.send_multipart([b"kv-events", (0).to_bytes(8, "big"), empty])
+                await asyncio.sleep(0.05)
+            rank.sent.append((0, empty))
+
+
+async def settle(events: EngineEvents, rank: int, seq: int) -> None:
+    state = events.ranks[R][rank]
+    async with asyncio.timeout(5):
+        while state.last_seq != seq:
+            await asyncio.sleep(0.01)
+
+
+def consumer(ranks: Sequence[Rank], index: MemoryIndex, **kw: Any) -> EngineEvents:
+    endpoints = "+".join(r.endpoint for r in ranks)
+    replays = "+".join(r.replay_endpoint for r in ranks)
+    ingest = KvIngest(index, _model, block_tokens=256, max_blocks=10_000, **kw)
+    return EngineEvents(parse_sources([R], [endpoints], [replays]), ingest)
+
+
+@pytest.mark.parametrize("topic_in_replay", [True, False])
+async def test_replay_with_and_without_the_topic_frame(topic_in_replay: bool) -> None:
+    rank, index = Rank(topic_in_replay=topic_in_replay), MemoryIndex()
+    events = consumer([rank], index)
+    events.start()
+    try:
+        await joined(events, [rank])
+        first, second = stores(IDS, 32, [16])
+        rank.send(1, [first])
+        rank.send(2, [second], wire=False)  # lost on the PUB socket, kept for replay
+        rank.send(3, [block_removed(second["block_hashes"][-1:], "GPU")])
+        await settle(events, 0, 3)
+        state = events.ranks[R][0]
+        assert (state.gaps, state.replayed) == (0, 1)
+        assert index.lookup_now(CHAIN).gpu_blocks(R) == 3
+    finally:
+        await events.stop()
+        rank.close()
+
+
+def test_data_parallel_endpoints_parse_per_rank() -> None:
+    a, b = "http://a:1", "http://b:2"
+    got = parse_sources([a, b], ["tcp://h:5557..5559", "tcp://g:1+bind:tcp://127.0.0.1:2"],
+                        [f"{a}=tcp://h:6557..6559"])
+    assert [(s.replica, s.rank, s.endpoint, s.bind, s.replay) for s in got] == [
+        (a, 0, "tcp://h:5557", False, "tcp://h:6557"), (a, 1, "tcp://h:5558", False, "tcp://h:6558"),
+        (a, 2, "tcp://h:5559", False, "tcp://h:6559"), (b, 0, "tcp://g:1", False, None),
+        (b, 1, "tcp://127.0.0.1:2", True, None)]
+    for events, replay in ((["tcp://h:9..1"], []), (["tcp://h:1..2"], ["tcp://h:3"]),
+                           (["tcp://h:1+"], []), (["tcp://h:1..999"], [])):
+        with pytest.raises(ValueError):
+            parse_sources([a], events, replay)
+
+
+async def test_data_parallel_ranks_keep_their_own_sequences_and_blocks() -> None:
+    ranks, index = [Rank(), Rank()], MemoryIndex()
+    events = consumer(ranks, index)
+    events.start()
+    try:
+        await joined(events, ranks)
+        # The same prompt on both ranks: the same engine hashes, in two separate caches.
+        for rank in ranks:
+            rank.send(1, stores(IDS, 32, []))
+        await settle(events, 0, 1)
+        await settle(events, 1, 1)
+        assert index.lookup_now(CHAIN).gpu_blocks(R) == 4
+        last = stores(IDS, 32, [])[0]["block_hashes"][-1:]
+        ranks[1].send(2, [block_removed(last, "GPU")])
+        await settle(events, 1, 2)
+        assert index.lookup_now(CHAIN).gpu_blocks(R) == 4  # rank 0 still holds it
+        ranks[0].send(0, [])  # rank 0 restarted: only its blocks go
+        await settle(events, 0, 0)
+        assert index.lookup_now(CHAIN).gpu_blocks(R) == 3
+        assert [s.restarts for s in events.ranks[R]] == [1, 0]
+        assert [r["rank"] for r in events.status(R)["ranks"]] == [0, 1]  # type: ignore[union-attr]
+    finally:
+        await events.stop()
+        for rank in ranks:
+            rank.close()
+
+
+async def test_replica_local_cpu_offload_is_that_replicas_not_the_pool() -> None:
+    """vLLM's own CPU offload (medium "CPU") counts as the replica's cached prefix."""
+    rank, index = Rank(), MemoryIndex()
+    events = consumer([rank], index)
+    events.start()
+    try:
+        await joined(events, [rank])
+        [gpu], [cpu] = stores(IDS, 32, []), stores(IDS, 32, [], medium="CPU")
+        rank.send(1, [gpu, cpu])
+        await settle(events, 0, 1)
+        found = index.lookup_now(CHAIN)
+        assert (found.gpu_blocks(R), found.pool) == (4, 0)
+        rank.send(2, [block_removed(gpu["block_hashes"], "GPU")])  # offloaded: still local
+        await settle(events, 0, 2)
+        assert index.lookup_now(CHAIN).gpu_blocks(R) == 4
+        rank.send(3, [block_removed(cpu["block_hashes"][8:9], "CPU")])
+        await settle(events, 0, 3)
+        assert index.lookup_now(CHAIN).gpu_blocks(R) == 1
+    finally:
+        await events.stop()
+        rank.close()
+
+
+@pytest.mark.parametrize(("medium", "locality", "local_media", "where"), [
+    ("cpu", None, ("CPU",), "pool"),  # LMCache's store: the shared pool by default
+    ("cpu", "local", ("CPU",), "gpu"),  # ... unless it says it is local
+    ("CPU", "shared", ("CPU",), "pool"),
+    ("cpu", None, ("CPU", "cpu"), "gpu"),  # --kv-events-local-media CPU,cpu
+])
+async def test_medium_and_locality_decide_the_tier(medium: str, locality: str | None,
+                                                   local_media: tuple[str, ...], where: str) -> None:
+    index = MemoryIndex()
+    ingest = KvIngest(index, _model, block_tokens=256, max_blocks=1000, local_media=local_media)
+    events = EngineEvents(parse_sources([R], ["tcp://127.0.0.1:1"]), ingest)
+    [store] = stores(IDS, 32, [], medium=medium)
+    if locality is not None:
+        store["locality"] = locality
+    await ingest.apply(events.states[R], msgpack.packb([0.0, [store], 0]))
+    found = index.lookup_now(CHAIN)
+    assert (found.gpu_blocks(R), found.pool) == ((4, 0) if where == "gpu" else (0, 4))
+
+
+async def test_pool_stores_age_out_by_capacity_and_recency() -> None:
+    """LMCache publishes stores only: the pool's evictions are the index's LRU at the
+    capacity --pool-bytes / (--block-tokens x --kv-bytes-per-token) gives."""
+    capacity = capacity_from_bytes(2**30, pool_bytes=8 * 256 * 1024, block_tokens=256,
+                                   kv_bytes_per_token=1024)
+    assert capacity.pool_blocks == 8
+    clock = iter(range(1000, 2000))
+    index = MemoryIndex(capacity, clock=lambda: float(next(clock)))
+    ingest = KvIngest(index, _model, block_tokens=256, max_blocks=1000)
+    state = EngineEvents(parse_sources([R], ["tcp://127.0.0.1:1"]), ingest).states[R]
+    docs = [[d * 10_000 + t for t in range(1024)] for d in range(1, 5)]
+    chains = [token_chain(ids, ROOT, 256) for ids in docs]
+
+    async def lmcache_store(doc: int) -> None:
+        batch = stores(docs[doc], 256, [], medium="cpu")
+        await ingest.apply(state, msgpack.packb([0.0, batch, 0]))
+
+    def pooled() -> list[int]:
+        return [index.lookup_now(chain).pool for chain in chains]
+
+    for doc in range(3):
+        await lmcache_store(doc)
+    assert pooled() == [0, 4, 4, 0]  # 12 blocks stored, 8 fit: the oldest went
+    await index.record(chains[1], Tier.POOL)  # a served reply refreshes it (write-through)
+    await lmcache_store(3)
+    assert pooled() == [0, 4, 0, 4]
