@@ -6,30 +6,39 @@ our-key mapping live in ``router.kv_blocks``. The SUB socket connects to the pub
 (vLLM binds ``tcp://*:PORT``), or binds when the endpoint is written ``bind:tcp://...``
 (vLLM given a concrete address connects to it).
 
-Per publisher sequence tracking, ``last`` being the last applied sequence number:
+Data-parallel engines publish per rank (router.event_sources: several endpoints per
+replica); every rank is a publisher of its own. Per publisher sequence tracking, ``last``
+being the last applied sequence number:
 - ``seq == last + 1``: apply.
 - ``seq <= last``: the engine restarted (its numbering restarts at 0, its cache is empty):
-  forget the replica, then apply.
+  forget what that rank held, then apply.
 - ``seq > last + 1``: batches were lost (PUB drops at its high-water mark, or a reconnect).
   With a replay endpoint the missing ones are asked for (a DEALER to vLLM's ROUTER: send
   ``[b"", start_seq]``, read ``[b"", topic, seq, payload]`` until seq -1; versions that
   answer without the topic frame, ``[b"", seq, payload]``, are read too) and applied in
   order; when there is none, or it cannot fill the gap (its buffer moved on, 2 s
   timeout), the replica's entries are stale — a lost ``BlockRemoved`` would leave a false
-  hit — so they are forgotten and rebuilt from the events that follow (counted in
+  hit — so that rank's are forgotten and rebuilt from the events that follow (counted in
   ``gaps``). The first batch after subscribing may start anywhere; with a replay
   endpoint the publisher's buffer is replayed from 0 so a restarted router catches up.
 
 Applying (``KvIngest``): attention groups only (``kv_cache_spec_kind`` "full_attention"
 or unset; the first such ``group_idx`` seen per replica, so hybrid models' other groups and
-duplicate attention groups are skipped). ``BlockStored``/``BlockRemoved`` with medium GPU
-go to that replica's GPU tier; any other medium (LMCache's "cpu", storage) to the shared
-pool tier, tracked in one tracker shared by all replicas (its hashes are content
-addressed). ``AllBlocksCleared`` (``/reset_prefix_cache``; vLLM publishes it with its next
-engine step) forgets the replica. Keys are rooted in ``root_key(model, salt, lora_name)``
+duplicate attention groups are skipped). ``placement`` decides the tier: medium GPU is
+the replica's GPU cache; an event's ``locality`` ("local"/"replica"/"instance"/"node"
+vs anything else), when present, decides the rest; else a medium in ``local_media``
+(default "CPU": vLLM's OffloadingConnector, the engine's own host memory) is replica-local
+and any other (LMCache's "cpu", storage) the shared pool, tracked in one tracker shared
+by all replicas (its hashes are content addressed). A replica-local block counts as that
+replica's cached prefix (index tier GPU; no load cost is modelled) and never as the
+pool's, so other replicas do not see it. Each replica has one tracker per (DP rank,
+local) scope; a removal evicts only keys no other scope of the replica holds whole.
+``AllBlocksCleared`` (``/reset_prefix_cache``; vLLM publishes it with its next engine
+step), a restart or an unfilled gap drop that rank's scopes (the whole replica when
+nothing else of it is tracked). Keys are rooted in ``root_key(model, salt, lora_name)``
 with ``model`` = ``served_model`` or the replica's first ``/v1/models`` id.
 
-Mode, per replica: "precise" once a batch has arrived from its publisher (the engine's
+Mode, per replica: "precise" once a batch has arrived from any of its publishers (the engine's
 events then decide its GPU residency, and the router stops recording it on completion),
 "approximate" before that or without a configured publisher (the router's own
 bookkeeping). ``status()`` feeds ``/replicas``.

@@ -18,7 +18,10 @@ links back over the engine blocks it spans (any block size; they need not divide
 key is ``xxh3_64(bytes, seed=previous key)``, and every engine block it spans records
 that key as an *owner*, so that a later ``BlockRemoved`` of any of them evicts our block
 (the engine no longer holds all of it). A store whose parent is unknown (we joined late,
-or it aged out) cannot be keyed and is counted as unresolved.
+or it aged out) cannot be keyed and is counted as unresolved. Per key of ours the tracker
+counts the engine blocks it spans and those still stored, so ``holds(key)`` says whether
+this scope still has all of it (a replica with several scopes, DP ranks or a local CPU
+tier, keeps a key while any scope holds it).
 
 Memory is bounded: at most ``max_blocks`` engine blocks per tracker, least recently
 stored dropped first (~(tokens x 4 + 150) bytes each). A block whose ``extra_keys`` hold
