@@ -8,15 +8,13 @@ the consumer is the router's own ``EngineEvents`` over a real ``MemoryIndex``.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import msgpack
 import pytest
 import zmq
-from servers_redis import free_port
-from test_events import IDS, ROOT, stores
+from test_events import IDS, ROOT, Publisher, stores
 
 from policies.base import Tier
 from router.events import EngineEvents, KvIngest, parse_sources
@@ -29,29 +27,17 @@ R = "http://r1"
 CHAIN = token_chain(IDS, ROOT, 256)
 
 
-class Rank:
-    """One engine's publisher (one DP rank): PUB, and a ROUTER answering replays."""
+class Rank(Publisher):
+    """One engine's publisher (one DP rank): PUB, and a ROUTER answering replays in the
+    layout of current vLLM (with the topic frame) or of older versions (without)."""
 
     def __init__(self, *, topic_in_replay: bool = True) -> None:
-        self.ctx = zmq.Context()
-        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.replay_endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.pub = self.ctx.socket(zmq.PUB)
-        self.pub.bind(self.endpoint)
-        self.sent: list[tuple[int, bytes]] = []
         self._topic_in_replay = topic_in_replay
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve_replay, daemon=True)
-        self._thread.start()
-
-    def send(self, seq: int, events: list[Any], wire: bool = True) -> None:
-        payload = msgpack.packb([1.0, events, 0])
-        self.sent.append((seq, payload))
-        if wire:
-            self.pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
+        super().__init__(replay=True)
 
     def _serve_replay(self) -> None:
         sock = self.ctx.socket(zmq.ROUTER)
+        assert self.replay_endpoint is not None
         sock.bind(self.replay_endpoint)
         topic = [b"kv-events"] if self._topic_in_replay else []
         while not self._stop.is_set():
@@ -64,12 +50,6 @@ class Rank:
             end = (-1).to_bytes(8, "big", signed=True)
             sock.send_multipart([client, b"", *([b""] if topic else []), end, b""])
         sock.close(0)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.pub.close(0)
-        self.ctx.term()
 
 
 async def _model(replica: str) -> str:
@@ -96,7 +76,7 @@ async def settle(events: EngineEvents, rank: int, seq: int) -> None:
 
 def consumer(ranks: Sequence[Rank], index: MemoryIndex, **kw: Any) -> EngineEvents:
     endpoints = "+".join(r.endpoint for r in ranks)
-    replays = "+".join(r.replay_endpoint for r in ranks)
+    replays = "+".join(str(r.replay_endpoint) for r in ranks)
     ingest = KvIngest(index, _model, block_tokens=256, max_blocks=10_000, **kw)
     return EngineEvents(parse_sources([R], [endpoints], [replays]), ingest)
 
@@ -155,7 +135,8 @@ async def test_data_parallel_ranks_keep_their_own_sequences_and_blocks() -> None
         await settle(events, 0, 0)
         assert index.lookup_now(CHAIN).gpu_blocks(R) == 3
         assert [s.restarts for s in events.ranks[R]] == [1, 0]
-        assert [r["rank"] for r in events.status(R)["ranks"]] == [0, 1]  # type: ignore[union-attr]
+        per_rank = events.status(R)["ranks"]
+        assert isinstance(per_rank, list) and [r["rank"] for r in per_rank] == [0, 1]
     finally:
         await events.stop()
         for rank in ranks:
