@@ -11,16 +11,19 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import msgpack
 import pytest
 import zmq
+from servers import replica
+from servers_redis import free_port
 from test_events import IDS, ROOT, Publisher, stores
 
 from policies.base import Tier
 from router.events import EngineEvents, KvIngest, parse_sources
 from router.index import MemoryIndex
 from router.locator import capacity_from_bytes
-from router.prefix import token_chain
+from router.prefix import root_key, token_chain
 from sim.emulator.kv_events import block_removed
 
 R = "http://r1"
@@ -211,3 +214,42 @@ async def test_pool_stores_age_out_by_capacity_and_recency() -> None:
     await index.record(chains[1], Tier.POOL)  # a served reply refreshes it (write-through)
     await lmcache_store(3)
     assert pooled() == [0, 4, 0, 4]
+
+
+def test_emulated_replica_with_cpu_offload_indexes_it_as_its_own(start_servers: Any) -> None:
+    """``lmroute replica --kv-events-pool-medium CPU`` (vLLM's own CPU offload): its
+    offloaded chunks count for that replica, never for the shared pool."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    server = start_servers(replica("--profile", "tiny", "--pool", "local", "--block-size", "8",
+                                   "--kv-events-endpoint", endpoint, "--time-scale", "0.01",
+                                   "--kv-events-pool-medium", "CPU"))
+    index = MemoryIndex()
+
+    async def run() -> list[int]:
+        ingest = KvIngest(index, _model_of_sim, block_tokens=16, max_blocks=10_000)
+        events = EngineEvents(parse_sources([server.url], [endpoint]), ingest)
+        events.start()
+        prompt = "The shared pool keeps prefixes of long documents. " * 8
+        async with httpx.AsyncClient(timeout=10) as client:
+            try:
+                async with asyncio.timeout(10):
+                    while not events.precise(server.url):  # SUB joins asynchronously
+                        body = {"model": "emulated-27b", "prompt": prompt, "max_tokens": 1}
+                        await client.post(server.url + "/v1/completions", json=body)
+                        prompt += " more"
+                        await asyncio.sleep(0.2)
+                reply = await client.post(server.url + "/tokenize", json={"prompt": prompt})
+            finally:
+                await events.stop()
+        assert ingest.tracker(server.url, local=True).held_keys()  # the CPU tier was seen
+        ids: list[int] = reply.json()["tokens"]
+        return ids
+
+    chain = token_chain(asyncio.run(run()), root_key("emulated-27b"), 16)
+    found = index.lookup_now(chain)
+    assert found.gpu_blocks(server.url) >= len(chain) - 1 >= 5
+    assert found.pool == 0
+
+
+async def _model_of_sim(replica_id: str) -> str:
+    return "emulated-27b"
