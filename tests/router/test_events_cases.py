@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,14 +17,16 @@ import msgpack
 import pytest
 import zmq
 from servers import replica
+from servers import router as router_server
 from servers_redis import free_port
-from test_events import IDS, ROOT, Publisher, stores
+from test_events import IDS, ROOT, Publisher, make_tokenizer, stores
 
 from policies.base import Tier
 from router.events import EngineEvents, KvIngest, parse_sources
 from router.index import MemoryIndex
 from router.locator import capacity_from_bytes
 from router.prefix import root_key, token_chain
+from router.tokenizer import ChatTokenizer
 from sim.emulator.kv_events import block_removed
 
 R = "http://r1"
@@ -253,3 +256,34 @@ def test_emulated_replica_with_cpu_offload_indexes_it_as_its_own(start_servers: 
 
 async def _model_of_sim(replica_id: str) -> str:
     return "emulated-27b"
+
+
+def test_router_subscribes_to_every_data_parallel_rank(start_servers: Any, tmp_path: Path) -> None:
+    """The router process with --kv-events URL=RANK0+RANK1: a prompt stored on rank 1 only
+    is the replica's; /replicas lists both ranks."""
+    tok_dir = make_tokenizer(tmp_path, "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    rep = start_servers(replica())
+    ranks = [Publisher(), Publisher()]
+    try:
+        lm = start_servers(router_server([rep.url], "--tokenizer", str(tok_dir), "--kv-events",
+                                         f"{rep.url}={ranks[0].endpoint}+{ranks[1].endpoint}"))
+        body = {"model": "emulated-27b",
+                "messages": [{"role": "user", "content": "data parallel ranks " * 200}]}
+        ids = ChatTokenizer.from_dir(tok_dir).ids(body, "chat")
+        [event] = stores(ids, 32, [])
+        found: dict[str, Any] = {}
+        for seq in range(200):  # the SUB joins asynchronously: resend until it is through
+            ranks[1].send(seq, [event])
+            found = httpx.post(lm.url + "/index/lookup", json=body).json()
+            if found["gpu"]:
+                break
+        assert found["gpu"] == {rep.url: found["chain_blocks"]} and found["chain_blocks"] >= 2
+        [status] = httpx.get(lm.url + "/replicas").json()["replicas"]
+        per_rank = status["index"]["ranks"]
+        assert [(r["rank"], r["endpoint"]) for r in per_rank] == [
+            (0, ranks[0].endpoint), (1, ranks[1].endpoint)]
+        assert per_rank[0]["batches"] == 0 < per_rank[1]["batches"]
+        assert status["index"]["mode"] == "precise"
+    finally:
+        for rank in ranks:
+            rank.close()
