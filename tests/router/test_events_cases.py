@@ -8,6 +8,7 @@ the consumer is the router's own ``EngineEvents`` over a real ``MemoryIndex``.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from test_events import IDS, ROOT, Publisher, make_tokenizer, stores
 
 from policies.base import Tier
 from router.events import EngineEvents, KvIngest, parse_sources
-from router.index import MemoryIndex
+from router.index import MemoryIndex, PrefixIndex, RedisIndex
 from router.locator import capacity_from_bytes
 from router.prefix import root_key, token_chain
 from router.tokenizer import ChatTokenizer
@@ -191,14 +192,19 @@ async def test_medium_and_locality_decide_the_tier(medium: str, locality: str | 
     assert (found.gpu_blocks(R), found.pool) == ((4, 0) if where == "gpu" else (0, 4))
 
 
-async def test_pool_stores_age_out_by_capacity_and_recency() -> None:
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+async def test_pool_stores_age_out_by_capacity_and_recency(
+        kind: str, request: pytest.FixtureRequest) -> None:
     """LMCache publishes stores only: the pool's evictions are the index's LRU at the
     capacity --pool-bytes / (--block-tokens x --kv-bytes-per-token) gives."""
     capacity = capacity_from_bytes(2**30, pool_bytes=8 * 256 * 1024, block_tokens=256,
                                    kv_bytes_per_token=1024)
     assert capacity.pool_blocks == 8
     clock = iter(range(1000, 2000))
-    index = MemoryIndex(capacity, clock=lambda: float(next(clock)))
+    index: PrefixIndex = MemoryIndex(capacity, clock=lambda: float(next(clock)))
+    if kind == "redis":
+        index = RedisIndex(request.getfixturevalue("redis_url"), capacity,
+                           namespace=uuid.uuid4().hex, clock=lambda: float(next(clock)))
     ingest = KvIngest(index, _model, block_tokens=256, max_blocks=1000)
     state = EngineEvents(parse_sources([R], ["tcp://127.0.0.1:1"]), ingest).states[R]
     docs = [[d * 10_000 + t for t in range(1024)] for d in range(1, 5)]
@@ -208,15 +214,18 @@ async def test_pool_stores_age_out_by_capacity_and_recency() -> None:
         batch = stores(docs[doc], 256, [], medium="cpu")
         await ingest.apply(state, msgpack.packb([0.0, batch, 0]))
 
-    def pooled() -> list[int]:
-        return [index.lookup_now(chain).pool for chain in chains]
+    async def pooled() -> list[int]:
+        return [(await index.lookup(chain)).pool for chain in chains]
 
-    for doc in range(3):
-        await lmcache_store(doc)
-    assert pooled() == [0, 4, 4, 0]  # 12 blocks stored, 8 fit: the oldest went
-    await index.record(chains[1], Tier.POOL)  # a served reply refreshes it (write-through)
-    await lmcache_store(3)
-    assert pooled() == [0, 4, 0, 4]
+    try:
+        for doc in range(3):
+            await lmcache_store(doc)
+        assert await pooled() == [0, 4, 4, 0]  # 12 blocks stored, 8 fit: the oldest went
+        await index.record(chains[1], Tier.POOL)  # a served reply refreshes it (write-through)
+        await lmcache_store(3)
+        assert await pooled() == [0, 4, 0, 4]
+    finally:
+        await index.close()
 
 
 def test_emulated_replica_with_cpu_offload_indexes_it_as_its_own(start_servers: Any) -> None:
