@@ -90,7 +90,8 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     index = _index(settings, block_tokens, metrics)
     served = ServedModels(upstream, settings.health_timeout_s, settings.served_model)
     ingest = KvIngest(index, served, block_tokens=block_tokens,
-                      max_blocks=settings.kv_events_max_blocks, on_error=metrics.index_error)
+                      max_blocks=settings.kv_events_max_blocks, on_error=metrics.index_error,
+                      local_media=settings.kv_events_local_media)
     events = EngineEvents(sources, ingest, topic=settings.kv_events_topic)
     locator = Locator(index, metrics, block_bytes=settings.block_bytes,
                       pool_write_through=settings.pool_write_through and settings.pool_bytes > 0,

@@ -6,29 +6,39 @@ our-key mapping live in ``router.kv_blocks``. The SUB socket connects to the pub
 (vLLM binds ``tcp://*:PORT``), or binds when the endpoint is written ``bind:tcp://...``
 (vLLM given a concrete address connects to it).
 
-Per publisher sequence tracking, ``last`` being the last applied sequence number:
+Data-parallel engines publish per rank (router.event_sources: several endpoints per
+replica); every rank is a publisher of its own. Per publisher sequence tracking, ``last``
+being the last applied sequence number:
 - ``seq == last + 1``: apply.
 - ``seq <= last``: the engine restarted (its numbering restarts at 0, its cache is empty):
-  forget the replica, then apply.
+  forget what that rank held, then apply.
 - ``seq > last + 1``: batches were lost (PUB drops at its high-water mark, or a reconnect).
   With a replay endpoint the missing ones are asked for (a DEALER to vLLM's ROUTER: send
-  ``[b"", start_seq]``, read ``[b"", topic, seq, payload]`` until seq -1) and applied in
+  ``[b"", start_seq]``, read ``[b"", topic, seq, payload]`` until seq -1; versions that
+  answer without the topic frame, ``[b"", seq, payload]``, are read too) and applied in
   order; when there is none, or it cannot fill the gap (its buffer moved on, 2 s
   timeout), the replica's entries are stale — a lost ``BlockRemoved`` would leave a false
-  hit — so they are forgotten and rebuilt from the events that follow (counted in
+  hit — so that rank's are forgotten and rebuilt from the events that follow (counted in
   ``gaps``). The first batch after subscribing may start anywhere; with a replay
   endpoint the publisher's buffer is replayed from 0 so a restarted router catches up.
 
 Applying (``KvIngest``): attention groups only (``kv_cache_spec_kind`` "full_attention"
 or unset; the first such ``group_idx`` seen per replica, so hybrid models' other groups and
-duplicate attention groups are skipped). ``BlockStored``/``BlockRemoved`` with medium GPU
-go to that replica's GPU tier; any other medium (LMCache's "cpu", storage) to the shared
-pool tier, tracked in one tracker shared by all replicas (its hashes are content
-addressed). ``AllBlocksCleared`` (``/reset_prefix_cache``; vLLM publishes it with its next
-engine step) forgets the replica. Keys are rooted in ``root_key(model, salt, lora_name)``
+duplicate attention groups are skipped). ``placement`` decides the tier: medium GPU is
+the replica's GPU cache; an event's ``locality`` ("local"/"replica"/"instance"/"node"
+vs anything else), when present, decides the rest; else a medium in ``local_media``
+(default "CPU": vLLM's OffloadingConnector, the engine's own host memory) is replica-local
+and any other (LMCache's "cpu", storage) the shared pool, tracked in one tracker shared
+by all replicas (its hashes are content addressed). A replica-local block counts as that
+replica's cached prefix (index tier GPU; no load cost is modelled) and never as the
+pool's, so other replicas do not see it. Each replica has one tracker per (DP rank,
+local) scope; a removal evicts only keys no other scope of the replica holds whole.
+``AllBlocksCleared`` (``/reset_prefix_cache``; vLLM publishes it with its next engine
+step), a restart or an unfilled gap drop that rank's scopes (the whole replica when
+nothing else of it is tracked). Keys are rooted in ``root_key(model, salt, lora_name)``
 with ``model`` = ``served_model`` or the replica's first ``/v1/models`` id.
 
-Mode, per replica: "precise" once a batch has arrived from its publisher (the engine's
+Mode, per replica: "precise" once a batch has arrived from any of its publishers (the engine's
 events then decide its GPU residency, and the router stops recording it on completion),
 "approximate" before that or without a configured publisher (the router's own
 bookkeeping). ``status()`` feeds ``/replicas``.
@@ -46,58 +56,31 @@ import zmq
 import zmq.asyncio
 
 from policies.base import ReplicaId, Tier
+from router.event_sources import EventSource, parse_sources
 from router.index import IndexUnavailable, PrefixIndex
 from router.kv_blocks import ChainTracker, Cleared, Removed, Stored, decode_payload, root_salt
-from router.prefix import root_key
+from router.prefix import BlockKey, root_key
 from router.tasks import cancel_all
 
+__all__ = ["EngineEvents", "EventSource", "KvIngest", "parse_sources", "placement"]
 log = logging.getLogger("lmroute.events")
+LOCAL_MEDIA = ("CPU",)  # vLLM's OffloadingConnector to CPU: the engine's own memory
+_LOCAL = frozenset({"local", "replica", "instance", "node"})
 END_SEQ = -1
 ModelOf = Callable[[ReplicaId], Awaitable[str | None]]
 
 
-@dataclass(frozen=True, slots=True)
-class EventSource:
-    replica: ReplicaId
-    endpoint: str
-    bind: bool = False
-    replay: str | None = None
+def replay_frames(frames: Sequence[bytes]) -> tuple[int, bytes] | None:
+    """One replay reply as the DEALER reads it -> (seq, payload); None if malformed.
 
-
-def _split(entry: str) -> tuple[str | None, str]:
-    """``URL=tcp://...`` -> (URL, endpoint); a bare endpoint -> (None, endpoint)."""
-    head, sep, tail = entry.rpartition("=")
-    return (head.rstrip("/"), tail) if sep else (None, entry)
-
-
-def _align(backends: Sequence[str], entries: Sequence[str], what: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    bare = [e for e in entries if _split(e)[0] is None]
-    if bare and len(bare) != len(entries):
-        raise ValueError(f"--{what}: use either positional endpoints or URL=endpoint pairs")
-    if bare and len(bare) != len(backends):
-        raise ValueError(f"--{what}: {len(bare)} endpoints for {len(backends)} backends")
-    ids = [b.rstrip("/") for b in backends]
-    for i, entry in enumerate(entries):
-        url, endpoint = _split(entry)
-        url = url if url is not None else ids[i]
-        if url not in ids:
-            raise ValueError(f"--{what}: {url!r} is not a --backend")
-        out[url] = endpoint
-    return out
-
-
-def parse_sources(backends: Sequence[str], kv_events: Sequence[str],
-                  replay: Sequence[str] = ()) -> list[EventSource]:
-    """The ``--kv-events`` / ``--kv-events-replay`` settings, per replica id."""
-    events = _align(backends, kv_events, "kv-events")
-    replays = _align(backends, replay, "kv-events-replay")
-    sources = []
-    for replica, endpoint in events.items():
-        bind = endpoint.startswith("bind:")
-        sources.append(EventSource(replica, endpoint.removeprefix("bind:"), bind,
-                                   replays.get(replica)))
-    return sources
+    Current vLLM answers ``[b"", topic, seq, payload]``; older versions (before the topic
+    was added to replies) ``[b"", seq, payload]``. Both end with seq -1.
+    """
+    if len(frames) == 4 and len(frames[2]) == 8:
+        return int.from_bytes(frames[2], "big", signed=True), frames[3]
+    if len(frames) == 3 and len(frames[1]) == 8:
+        return int.from_bytes(frames[1], "big", signed=True), frames[2]
+    return None
 
 
 @dataclass(slots=True)
@@ -120,7 +103,7 @@ class SourceState:
     def as_json(self, now: float) -> dict[str, object]:
         age = None if self.last_batch_at is None else round(now - self.last_batch_at, 3)
         return {
-            "endpoint": self.source.endpoint, "replay": self.source.replay,
+            "endpoint": self.source.endpoint, "replay": self.source.replay, "rank": self.source.rank,
             "last_seq": self.last_seq, "batches": self.batches, "restarts": self.restarts,
             "gaps": self.gaps, "replayed": self.replayed, "cleared": self.cleared,
             "malformed": self.malformed, "blocks_stored": self.blocks_stored,
@@ -128,44 +111,79 @@ class SourceState:
         }
 
 
+def placement(event: Stored | Removed, local_media: Sequence[str] = LOCAL_MEDIA) -> str:
+    """"gpu", "local" (the replica's own CPU offload) or "pool" (shared) for one event."""
+    if event.medium.upper() == "GPU":
+        return "gpu"
+    if event.locality is not None:
+        return "local" if event.locality.lower() in _LOCAL else "pool"
+    return "local" if event.medium in local_media else "pool"
+
+
 class KvIngest:
-    """Applies decoded event batches to the index (no sockets: tests drive it directly)."""
+    """Applies decoded event batches to the index (no sockets: tests drive it directly).
+
+    Per replica one tracker per (rank, local) scope; a replica holds one of our keys while
+    any of its scopes holds it whole, so a removal in one scope evicts only keys no other
+    scope of that replica still holds.
+    """
 
     def __init__(self, index: PrefixIndex, model_of: ModelOf, *, block_tokens: int,
-                 max_blocks: int, on_error: Callable[[str], None] = lambda kind: None) -> None:
+                 max_blocks: int, on_error: Callable[[str], None] = lambda kind: None,
+                 local_media: Sequence[str] = LOCAL_MEDIA) -> None:
         self.index = index
         self._on_error = on_error  # an index write failed: reported as kind "events"
         self._model_of = model_of
         self._block_tokens = block_tokens
         self._max_blocks = max_blocks
-        self._gpu: dict[ReplicaId, ChainTracker] = {}
+        self._local_media = tuple(local_media)
+        self._scopes: dict[ReplicaId, dict[tuple[int, bool], ChainTracker]] = {}
         self.pool = ChainTracker(block_tokens, max_blocks)
 
-    def tracker(self, replica: ReplicaId) -> ChainTracker:
-        found = self._gpu.get(replica)
+    def tracker(self, replica: ReplicaId, rank: int = 0, local: bool = False) -> ChainTracker:
+        scopes = self._scopes.setdefault(replica, {})
+        found = scopes.get((rank, local))
         if found is None:
-            found = self._gpu[replica] = ChainTracker(self._block_tokens, self._max_blocks)
+            found = scopes[(rank, local)] = ChainTracker(self._block_tokens, self._max_blocks)
         return found
 
-    async def forget(self, replica: ReplicaId) -> None:
-        self.tracker(replica).clear()
+    def tracked(self, replica: ReplicaId) -> tuple[int, int]:
+        """(engine blocks tracked, unresolved) over the replica's scopes."""
+        scopes = self._scopes.get(replica, {}).values()
+        return sum(len(t) for t in scopes), sum(t.unresolved for t in scopes)
+
+    def _unheld(self, replica: ReplicaId, keys: Sequence[BlockKey]) -> list[BlockKey]:
+        scopes = list(self._scopes.get(replica, {}).values())
+        return [k for k in keys if not any(t.holds(k) for t in scopes)]
+
+    async def forget(self, replica: ReplicaId, rank: int | None = None) -> None:
+        """Drop one rank's scopes (restart, gap, cleared), or the whole replica."""
+        scopes = self._scopes.get(replica, {})
+        gone = [s for s in scopes if rank is None or s[0] == rank]
+        keys = [k for s in gone for k in scopes[s].held_keys()]
+        for scope in gone:
+            scopes[scope].clear()
         try:
-            await self.index.forget(replica)
+            if not any(len(t) for t in scopes.values()):
+                await self.index.forget(replica)
+            elif keys:
+                await self.index.evict(self._unheld(replica, keys), Tier.GPU, replica)
         except IndexUnavailable:
             self._on_error("events")
 
     async def apply(self, state: SourceState, payload: bytes) -> None:
-        replica = state.source.replica
+        replica, rank = state.source.replica, state.source.rank
         _, events = decode_payload(payload)
         model: str | None = None
         for event in events:
             if isinstance(event, Cleared):
                 state.cleared += 1
-                await self.forget(replica)
+                await self.forget(replica, rank)
                 continue
-            pool = event.medium.upper() != "GPU"
+            where = placement(event, self._local_media)
+            pool = where == "pool"
             tier, who = (Tier.POOL, None) if pool else (Tier.GPU, replica)
-            tracker = self.pool if pool else self.tracker(replica)
+            tracker = self.pool if pool else self.tracker(replica, rank, where == "local")
             if isinstance(event, Stored):
                 if event.kind not in (None, "full_attention"):
                     continue
@@ -189,6 +207,7 @@ class KvIngest:
                     continue
                 state.blocks_removed += len(event.hashes)
                 keys = tracker.remove(event.hashes)
+                keys = keys if pool else self._unheld(replica, keys)
                 await self._write(self.index.evict(keys, tier, who) if keys else None)
 
     async def _write(self, call: Awaitable[None] | None) -> None:
@@ -233,14 +252,14 @@ class Subscriber:
         seq = int.from_bytes(frames[1], "big")
         if st.last_seq is not None and seq <= st.last_seq:
             st.restarts += 1
-            await self._ingest.forget(st.source.replica)
+            await self._ingest.forget(st.source.replica, st.source.rank)
         elif (st.last_seq is None and seq > 0 and st.source.replay) or (
             st.last_seq is not None and seq > st.last_seq + 1
         ):
             start = 0 if st.last_seq is None else st.last_seq + 1
             if not await self._replay(start, seq) and st.last_seq is not None:
                 st.gaps += 1
-                await self._ingest.forget(st.source.replica)
+                await self._ingest.forget(st.source.replica, st.source.rank)
         await self._apply(seq, frames[2])
 
     async def _apply(self, seq: int, payload: bytes) -> None:
@@ -267,17 +286,17 @@ class Subscriber:
             await sock.send_multipart([b"", start.to_bytes(8, "big")])
             async with asyncio.timeout(self._replay_timeout_s):
                 while True:
-                    frames = await sock.recv_multipart()
-                    if len(frames) != 4:
+                    reply = replay_frames(await sock.recv_multipart())
+                    if reply is None:
                         return False
-                    seq = int.from_bytes(frames[2], "big", signed=True)
+                    seq, payload = reply
                     if seq == END_SEQ or seq >= stop:
                         return expected == stop
                     if seq < expected:
                         continue
                     if seq > expected and start > 0:
                         return False  # the publisher's buffer no longer reaches back
-                    await self._apply(seq, frames[3])
+                    await self._apply(seq, payload)
                     self.state.replayed += 1
                     expected = seq + 1
         except TimeoutError:
@@ -295,29 +314,34 @@ class EngineEvents:
         self._sources = list(sources)
         self._topic = topic
         self._clock = clock
-        self.states = {s.replica: SourceState(s) for s in self._sources}
+        self.ranks: dict[ReplicaId, list[SourceState]] = {}
+        for source in self._sources:
+            self.ranks.setdefault(source.replica, []).append(SourceState(source))
+        self.states = {replica: ranks[0] for replica, ranks in self.ranks.items()}  # rank 0
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     def precise(self, replica: ReplicaId) -> bool:
-        state = self.states.get(replica)
-        return state is not None and state.batches > 0
+        return any(state.batches > 0 for state in self.ranks.get(replica, ()))
 
     def status(self, replica: ReplicaId) -> dict[str, object]:
         state = self.states.get(replica)
         mode = "precise" if self.precise(replica) else "approximate"
         out: dict[str, object] = {"mode": mode}
         if state is not None:
-            tracker = self.ingest.tracker(replica)
-            out.update(state.as_json(self._clock()), engine_blocks_tracked=len(tracker),
-                       unresolved_blocks=tracker.unresolved)
+            tracked, unresolved = self.ingest.tracked(replica)
+            out.update(state.as_json(self._clock()), engine_blocks_tracked=tracked,
+                       unresolved_blocks=unresolved)
+            ranks = self.ranks[replica]
+            if len(ranks) > 1:  # data parallel: rank 0's counters above, every rank's here
+                out["ranks"] = [rank.as_json(self._clock()) for rank in ranks]
         return out
 
     def start(self) -> None:
         if not self._sources:
             return
         self._ctx = zmq.asyncio.Context()
-        for state in self.states.values():
+        for state in (s for ranks in self.ranks.values() for s in ranks):
             sub = Subscriber(self._ctx, state, self.ingest, self._topic)
             self._tasks.append(asyncio.create_task(sub.run()))
 

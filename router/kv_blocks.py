@@ -18,7 +18,10 @@ links back over the engine blocks it spans (any block size; they need not divide
 key is ``xxh3_64(bytes, seed=previous key)``, and every engine block it spans records
 that key as an *owner*, so that a later ``BlockRemoved`` of any of them evicts our block
 (the engine no longer holds all of it). A store whose parent is unknown (we joined late,
-or it aged out) cannot be keyed and is counted as unresolved.
+or it aged out) cannot be keyed and is counted as unresolved. Per key of ours the tracker
+counts the engine blocks it spans and those still stored, so ``holds(key)`` says whether
+this scope still has all of it (a replica with several scopes, DP ranks or a local CPU
+tier, keeps a key while any scope holds it).
 
 Memory is bounded: at most ``max_blocks`` engine blocks per tracker, least recently
 stored dropped first (~(tokens x 4 + 150) bytes each). A block whose ``extra_keys`` hold
@@ -52,6 +55,7 @@ class Stored:
     extra_keys: Sequence[Any] | None = None
     group_idx: int | None = None
     kind: str | None = None
+    locality: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,7 @@ class Removed:
     hashes: tuple[EngineHash, ...]
     medium: str
     group_idx: int | None = None
+    locality: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +94,8 @@ def decode_event(raw: Any) -> Event | None:
     else:
         return None
     medium = str(fields.get("medium") or "GPU")
+    locality = fields.get("locality")
+    locality = str(locality) if locality is not None else None
     if tag == "BlockStored":
         return Stored(
             hashes=_hashes(fields.get("block_hashes")),
@@ -100,9 +107,11 @@ def decode_event(raw: Any) -> Event | None:
             extra_keys=fields.get("extra_keys"),
             group_idx=fields.get("group_idx"),
             kind=fields.get("kv_cache_spec_kind"),
+            locality=locality,
         )
     if tag == "BlockRemoved":
-        return Removed(_hashes(fields.get("block_hashes")), medium, fields.get("group_idx"))
+        return Removed(_hashes(fields.get("block_hashes")), medium, fields.get("group_idx"),
+                       locality)
     if tag == "AllBlocksCleared":
         return Cleared()
     return None
@@ -151,12 +160,35 @@ class ChainTracker:
         self.max_blocks = max_blocks
         self.unresolved = 0  # engine blocks stored that could not be keyed
         self._blocks: OrderedDict[EngineHash, _Block] = OrderedDict()
+        # Per key of ours: engine blocks it spans (at completion) and how many are held.
+        self._span: dict[BlockKey, int] = {}
+        self._held: dict[BlockKey, int] = {}
 
     def __len__(self) -> int:
         return len(self._blocks)
 
     def clear(self) -> None:
         self._blocks.clear()
+        self._span.clear()
+        self._held.clear()
+
+    def holds(self, key: BlockKey) -> bool:
+        """Whether every engine block of our ``key`` is still stored in this scope."""
+        held = self._held.get(key, 0)
+        return held > 0 and held >= self._span.get(key, 0)
+
+    def held_keys(self) -> list[BlockKey]:
+        """Our keys with at least one engine block stored here."""
+        return list(self._held)
+
+    def _drop(self, block: _Block) -> None:
+        for key in block.owners:
+            left = self._held.get(key, 0) - 1
+            if left > 0:
+                self._held[key] = left
+            else:
+                self._held.pop(key, None)
+                self._span.pop(key, None)
 
     def _tail(self, last: EngineHash, start: int, stop: int) -> tuple[bytes, list[_Block]] | None:
         """Bytes of tokens [start, stop) ending in engine block ``last``, and its blocks."""
@@ -197,8 +229,11 @@ class ChainTracker:
         for i, engine_hash in enumerate(event.hashes):
             begin, end = end, end + size
             known = self._blocks.pop(engine_hash, None)
+            keep = known is not None and known.end == end
+            if known is not None and not keep:
+                self._drop(known)
             block = _Block(prev, pack_token_ids(event.token_ids[i * size : (i + 1) * size]), end, key,
-                           known.owners if known is not None and known.end == end else ())
+                           known.owners if known is not None and keep else ())
             self._blocks[engine_hash] = block
             if key is None:
                 self.unresolved += 1
@@ -212,13 +247,15 @@ class ChainTracker:
                     data, members = found
                     key = bytes_chain(data, key, len(data))[0]
                     done.append(key)
+                    self._span[key] = len(members)
                     for member in members:
                         if key not in member.owners:
                             member.owners += (key,)
+                            self._held[key] = self._held.get(key, 0) + 1
             block.key = key
             prev = engine_hash
         while len(self._blocks) > self.max_blocks:
-            self._blocks.popitem(last=False)
+            self._drop(self._blocks.popitem(last=False)[1])
         return done
 
     def remove(self, hashes: Sequence[EngineHash]) -> list[BlockKey]:
@@ -227,5 +264,6 @@ class ChainTracker:
         for engine_hash in hashes:
             block = self._blocks.pop(engine_hash, None)
             if block is not None:
+                self._drop(block)
                 out.extend(k for k in block.owners if k not in out)
         return out

@@ -95,12 +95,19 @@ class Settings:
     kv_events: tuple[str, ...] = field(
         default=(), metadata={"help": "vLLM KV-event publishers, comma-separated: tcp://HOST:PORT "
                               "aligned with --backend order, or BACKEND_URL=tcp://HOST:PORT; "
-                              "'bind:' before the endpoint binds it (the engine connects)"}
+                              "'bind:' before the endpoint binds it (the engine connects); a "
+                              "data-parallel replica's ranks joined with '+' or as a port range "
+                              "tcp://HOST:5557..5560"}
     )
     kv_events_replay: tuple[str, ...] = field(
         default=(), metadata={"help": "their replay endpoints, same form (asked on a sequence gap)"}
     )
     kv_events_topic: str = field(default="", metadata={"help": "KV-event topic ('' = all)"})
+    kv_events_local_media: tuple[str, ...] = field(
+        default=("CPU",), metadata={"help": "event media that are the replica's own memory "
+                                    "(vLLM's CPU offload), counted as its cache, not the shared "
+                                    "pool; exact case; an event's 'locality' overrides"}
+    )
     kv_events_max_blocks: int = field(
         default=131_072, metadata={"help": "engine blocks remembered per replica (hash -> our key)"}
     )

@@ -81,7 +81,8 @@ def _replica(args: argparse.Namespace) -> int:
             replica = model_replica(
                 args.name, profile, pool, model=args.model, time_scale=args.time_scale,
                 block_size=args.block_size, kv_events_endpoint=args.kv_events_endpoint,
-                kv_events_topic=args.kv_events_topic, faults=faults, fixed_created=args.fixed_created)
+                kv_events_topic=args.kv_events_topic, kv_events_pool_medium=args.kv_events_pool_medium,
+                faults=faults, fixed_created=args.fixed_created)
         except (KeyError, ValueError) as exc:
             return _fail("replica", exc)
     replica.max_model_len = args.max_model_len
@@ -109,6 +110,8 @@ def _add_replica(sub: Any) -> None:
     rep.add_argument("--kv-events-endpoint", default=None,
                      help="bind a ZMQ PUB socket here for KV events, e.g. tcp://127.0.0.1:5557")
     rep.add_argument("--kv-events-topic", default="kv-events")
+    rep.add_argument("--kv-events-pool-medium", default="cpu", help="pool events' medium: "
+                     "'cpu' (LMCache: stores only), 'CPU' (vLLM's CPU offload, replica-local)")
     rep.add_argument("--corrupt-pool", action="store_true",
                      help="fault: replies that loaded KV from the pool come out wrong")
     rep.add_argument("--time-scale", type=float, default=1.0,

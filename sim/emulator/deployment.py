@@ -68,6 +68,7 @@ def model_replica(
     block_size: int = DEFAULT_BLOCK_SIZE,
     kv_events_endpoint: str | None = None,
     kv_events_topic: str = "kv-events",
+    kv_events_pool_medium: str = "cpu",
     faults: Faults | None = None,
     fixed_created: int | None = None,
     start: float | None = None,
@@ -81,7 +82,8 @@ def model_replica(
     A ``RedisPool`` brings its own epoch on the wall clock instead."""
     publisher = KvEventPublisher(kv_events_endpoint, kv_events_topic) if kv_events_endpoint else None
     engine = ModelEngine(ReplicaModel(name, profile, pool), model_name=model,
-                         block_size=block_size, publisher=publisher)
+                         block_size=block_size, publisher=publisher,
+                         pool_medium=kv_events_pool_medium)
     clock: dict[str, Any] = {"start": start}
     if isinstance(pool, RedisPool):  # one model clock for every replica of the pool
         clock = {"clock": time.time, "start": pool.epoch}

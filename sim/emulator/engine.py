@@ -33,6 +33,11 @@ change the fitted session numbers, so the pool keeps ``C``. The GPU publishes
 GPU events always come in runs of ``C / block_size`` blocks and describe exactly what
 the model holds. A router recomputes its own keys from the events' ``token_ids``.
 
+The pool's medium (``pool_medium``). ``"cpu"`` (default) is LMCache: it publishes stores
+only, never the chunks it evicts, so a router must age them out itself. ``"CPU"`` is vLLM's
+own OffloadingConnector, the replica's host memory: it publishes stores and removals, and
+a router counts it as that replica's cache, not a shared pool.
+
 Events are published when the request's prefill ends (``TokenSchedule.on_first_token``), as vLLM
 publishes blocks once computed: removals first (the allocation evicted them), then stores,
 each contiguous run of new chunks as one ``BlockStored`` whose ``parent_block_hash``
@@ -109,7 +114,7 @@ class ModelEngine:
 
     def __init__(self, model: ReplicaModel, *, model_name: str,
                  block_size: int = DEFAULT_BLOCK_SIZE,
-                 publisher: KvEventPublisher | None = None) -> None:
+                 publisher: KvEventPublisher | None = None, pool_medium: str = "cpu") -> None:
         chunk = model.profile.chunk_tokens
         if block_size <= 0 or chunk % block_size:
             raise ValueError(f"block size {block_size} must divide the chunk size {chunk}")
@@ -117,6 +122,7 @@ class ModelEngine:
         self.block_size = block_size
         self.per_chunk = chunk // block_size
         self.publisher = publisher
+        self.pool_medium = pool_medium
         self.root = xxhash.xxh3_64_intdigest(model_name.encode())
         self._seq = 0
         # Engine block hashes of each chunk this GPU holds, to name them in BlockRemoved.
@@ -162,9 +168,10 @@ class ModelEngine:
         events: list[Event] = []
         if gpu_removed:
             events.append(block_removed(gpu_removed, "GPU"))
-        if plan.pool.evicted:
-            events.append(block_removed(plan.pool.evicted, "cpu"))
-        for medium, stored in (("GPU", set(plan.gpu.stored)), ("cpu", set(plan.pool.stored))):
+        if plan.pool.evicted and self.pool_medium != "cpu":  # LMCache reports no eviction
+            events.append(block_removed(plan.pool.evicted, self.pool_medium))
+        for medium, stored in (("GPU", set(plan.gpu.stored)),
+                               (self.pool_medium, set(plan.pool.stored))):
             for first, last in _runs([j for j, k in enumerate(keys) if k in stored]):
                 if medium == "GPU":
                     lo, hi = first * self.per_chunk, (last + 1) * self.per_chunk

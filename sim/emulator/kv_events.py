@@ -11,7 +11,8 @@ Wire format (vLLM's ``ZmqEventPublisher``, ``vllm/distributed/kv_events.py``):
   ``BlockStored`` {block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
   lora_name, extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window},
   ``BlockRemoved`` {block_hashes, medium, group_idx}, ``AllBlocksCleared`` {}.
-  ``medium`` is ``"GPU"`` for the engine's prefix cache and ``"cpu"`` for LMCache stores.
+  ``medium`` is ``"GPU"`` for the engine's prefix cache, ``"cpu"`` for LMCache stores
+  (LMCache publishes no removals) and ``"CPU"`` for vLLM's own CPU offload.
 
 One batch per engine step: the replica publishes a request's stores and evictions together
 when its prefill ends (when vLLM would have written the blocks). ``decode_batch`` parses
