@@ -146,7 +146,9 @@ class Proxy:
         headers = [(k, v) for k, v in headers if k.lower() != "x-request-id"]
         headers.append(("x-request-id", request_id))
         chain = self.locator.chain(parsed)
-        view = await self._view(parsed, chain, request_id, t0)
+        # Policy state keys on an internal id: the client's X-Request-Id is only echoed and
+        # forwarded (two in-flight requests may share it).
+        view = await self._view(parsed, chain, uuid.uuid4().hex, t0)
         policy = self.policy  # one object for the whole request, whatever the admin API does
         tried: set[str] = set()
         last_error: UpstreamError | None = None
