@@ -65,3 +65,26 @@ async def fire(url: str, bodies: list[dict[str, Any]], *, concurrency: int = 16,
 
 def run_fire(url: str, bodies: list[dict[str, Any]], **kw: Any) -> list[httpx.Response | Exception]:
     return asyncio.run(fire(url, bodies, **kw))
+
+
+async def streams(url: str, n: int, started: asyncio.Event) -> list[str]:
+    """``n`` streams of 40 tokens each; sets ``started`` once all have their first bytes."""
+    got_first = 0
+
+    async def one(client: httpx.AsyncClient, i: int) -> str:
+        nonlocal got_first
+        text = b""
+        async with client.stream("POST", url + "/v1/chat/completions",
+                                 json=chat(f"stream {i}", max_tokens=40, stream=True)) as r:
+            assert r.status_code == 200
+            async for chunk in r.aiter_bytes():
+                if not text:
+                    got_first += 1
+                    if got_first == n:
+                        started.set()
+                text += chunk
+        return text.decode()
+
+    limits = httpx.Limits(max_connections=n + 1)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        return list(await asyncio.gather(*(one(client, i) for i in range(n))))
