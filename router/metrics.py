@@ -91,7 +91,8 @@ class RouterMetrics:
             ["replica", "arm"], registry=r,
         )
         self._upstream_errors = Counter(
-            "lmroute_upstream_errors", "replica failures seen on the request path",
+            "lmroute_upstream_errors", "failed attempts seen on the request path (kind "
+            "request_*/suspect_*: 5xx not counted against the replica, router.failures)",
             ["replica", "kind", "arm"], registry=r,
         )
         self._client_errors = Counter(

@@ -202,7 +202,7 @@ class Proxy:
                     break
                 continue
             if resp.is_event_stream:
-                self._acquit(fault)
+                self._acquit(fault, resp.status)
                 return self._stream(resp, attempt, request_id, t0, request.scope)
             try:
                 body = await resp.read()
@@ -210,7 +210,7 @@ class Proxy:
                 self._failed(attempt, "body", str(exc))
                 last_error = exc
                 continue
-            self._acquit(fault)
+            self._acquit(fault, resp.status)
             self._finished(attempt, resp.status, t0, ttft=self.clock() - t0, ok=resp.status < 400)
             return self._buffered(resp, body, attempt, request_id)
         if fault is not None:
@@ -246,9 +246,10 @@ class Proxy:
                          count=False)
         return _Fault(resp, body, attempt, verdict)
 
-    def _acquit(self, fault: _Fault | None) -> None:
-        """Another replica served the request: an unexplained 5xx before was the replica's."""
-        if fault is not None and fault.verdict == "suspect":
+    def _acquit(self, fault: _Fault | None, status: int) -> None:
+        """Another replica served the request (``status`` < 400; a 4xx says the request was
+        bad after all): an unexplained 5xx before was the replica's."""
+        if fault is not None and fault.verdict == "suspect" and status < 400:
             self.replicas.record_failure(fault.attempt.replica,
                                          f"answered {fault.resp.status} where another did not")
 

@@ -57,3 +57,17 @@ def test_ejection_cap_keeps_half_the_fleet(start_servers) -> None:
     assert all(isinstance(r, httpx.Response) and r.status_code == 200 for r in replies)
     healthy = [r["healthy"] for r in httpx.get(lm.url + "/replicas").json()["replicas"]]
     assert healthy.count(False) == 2  # 50 % of 4: the third dead one was kept in
+
+
+def test_plain_500_served_elsewhere_counts_against_its_replica(start_servers) -> None:
+    a, b = start_servers(replica()), start_servers(replica())
+    lm = start_servers(router([a.url, b.url], "--policy", "round_robin", "--eject-after", "100",
+                              "--expose-replica-header"))
+    httpx.post(a.url + "/_emulator/faults", json={"poison": POISON})  # only a fails it
+    replies = [httpx.post(lm.url + "/v1/chat/completions", json=chat(f"{POISON} {i}"))
+               for i in range(4)]
+    assert [r.status_code for r in replies] == [200] * 4
+    assert {r.headers["x-lmroute-replica"] for r in replies} == {b.url}
+    fails = {r["url"]: r["consecutive_failures"]
+             for r in httpx.get(lm.url + "/replicas").json()["replicas"]}
+    assert fails[a.url] >= 1 and fails[b.url] == 0  # the 500 followed the replica
