@@ -46,8 +46,19 @@ def test_disconnect_storm_leaves_nothing_in_flight(start_servers) -> None:
     replies = run_fire(lm.url + "/v1/chat/completions", bodies, concurrency=60,
                        timeout_s=0.3)
     assert all(isinstance(r, httpx.TimeoutException) for r in replies)
-    wait_until(lambda: sum(_aborted(r.url) for r in reps) == 60, timeout_s=5)
+
+    def settled() -> bool:  # nothing left running or queued on the replicas
+        return sum(metric(r.url, "vllm:num_requests_running")
+                   + metric(r.url, "vllm:num_requests_waiting") for r in reps) == 0
+
+    wait_until(settled, timeout_s=5)
+    # A request the router saw after its client had already gone never reached a replica;
+    # every one that did was aborted, none ran to its end.
+    aborted = sum(_aborted(r.url) for r in reps)
+    finished = sum(metric(r.url, "vllm:request_success_total", finished_reason="length")
+                   for r in reps)
+    gone = metric(lm.url, "lmroute_client_disconnects_total")
+    assert finished == 0 and 0 < aborted <= gone <= 60
     assert in_flight(lm.url) == 0
-    assert metric(lm.url, "lmroute_client_disconnects_total") == 60
     ok = run_fire(lm.url + "/v1/chat/completions", [chat(f"v{i}") for i in range(10)])
     assert all(isinstance(r, httpx.Response) and r.status_code == 200 for r in ok)

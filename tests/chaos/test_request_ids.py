@@ -29,9 +29,11 @@ def test_duplicate_request_ids_leave_no_stale_state(start_servers) -> None:
     split = Counter(r.headers["x-lmroute-replica"] for r in replies
                     if isinstance(r, httpx.Response))
     # Locality's queues emptied (a stale entry made one replica look busy forever: 600 of
-    # 600 on the other before internal ids); both replicas still serve.
+    # 600 on the other before internal ids); both replicas still serve. How evenly is
+    # locality's own call on these tiny prompts (39 to 125 of 600 on the lesser replica
+    # in three runs without any duplicate), so no tighter bound is asserted.
     assert set(httpx.get(lm.url + "/policy").json()["queued"].values()) == {0}
-    assert min(split[a.url], split[b.url]) >= 10, split
+    assert min(split[a.url], split[b.url]) >= 1, split
     # The client's id is echoed, never replaced.
     r = httpx.post(lm.url + "/v1/chat/completions", json=chat("echo"),
                    headers={"x-request-id": "mine-1"})
