@@ -16,7 +16,6 @@ the watcher only ever sees ``http.disconnect``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -36,23 +35,35 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def unless_gone(work: Coroutine[Any, Any, T], receive: Receive) -> T:
-    """``await work``, unless the client disconnects first: then cancel it, wait for its
-    cleanup, and raise ``ClientGone``."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(receive))
+    """``await work``, unless the client disconnects first: then ``work`` is cancelled (its
+    own cleanup runs, in this task) and ``ClientGone`` is raised.
+
+    One watcher task per request, which cancels this task the way ``asyncio.timeout``
+    does (``uncancel`` tells its cancellation from anyone else's): a version running
+    ``work`` as a second task under ``asyncio.wait`` cost about 130 us more per request.
+    """
+    current = asyncio.current_task()
+    assert current is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _disconnected(receive)
+        gone = True
+        current.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        result = await work
     except asyncio.CancelledError:
-        task.cancel()
-        watcher.cancel()
+        if gone and current.uncancel() == 0:
+            raise ClientGone("client disconnected") from None
         raise
-    if task.done():
+    finally:
         watcher.cancel()
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):  # its outcome has no reader
-        await task
-    raise ClientGone("client disconnected")
+    if gone:  # cancelled, but the work had swallowed it and finished
+        current.uncancel()
+    return result
 
 
 def mark_gone(scope: Scope) -> None:
