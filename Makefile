@@ -57,7 +57,7 @@ test-deploy: $(STAMP)
 
 test-compose: test-deploy
 
-# Every policy on the real vLLM pair, driven by vLLM's own benchmark client (~40 min on
+# Every policy on the real vLLM pair, driven by vLLM's own benchmark client (~50 min on
 # 2 cores; not part of CI): docs/locality.md's real-engine numbers.
 bench-vllm-policies: $(STAMP) $(VLLM_STAMP)
 	LMROUTE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python bench/vllm_policies.py \

@@ -30,7 +30,7 @@ Noise on a 2-core machine: each engine's OpenMP threads on its own core, the pol
 order shuffled per repetition (seeded) so slow drift and warm-up fall on all alike, a
 warm-up request per router before the client starts, one client at a time; the client
 and router share the cores with the engines, as the JSON's ``host`` note says. Not part of
-CI (about 20 minutes for 3 repetitions).
+CI (about 50 minutes for 3 repetitions on 2 cores).
 """
 
 from __future__ import annotations
@@ -142,6 +142,9 @@ def one_run(engines: list[VllmServer], model: Path, policy: str, workload: str,
         if done.returncode != 0:
             raise RuntimeError(f"vllm bench serve failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
         after = [scrape(e.url) for e in engines]
+        # what the policy had learnt (locality: calibration factors) and the replicas' health
+        state = {route: httpx.get(lm.url + route, timeout=10).json()
+                 for route in ("/policy", "/replicas")}
     finally:
         lm.stop()
     detail = json.loads(result.read_text())
@@ -149,8 +152,10 @@ def one_run(engines: list[VllmServer], model: Path, policy: str, workload: str,
     d = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
     queries = sum(x["vllm:prefix_cache_queries"] for x in d)
     served = [x["vllm:request_success"] for x in d]
+    errors = sorted({str(e)[:300] for e in detail.get("errors", []) if e})
     return {"workload": workload, "policy": policy, "seed": seed, "requests": len(ttfts),
-            "failed": detail.get("failed", 0), "mean_ttft_s": float(np.mean(ttfts)),
+            "failed": detail.get("failed", 0), "errors": errors[:5], "router": state,
+            "mean_ttft_s": float(np.mean(ttfts)),
             "p90_ttft_s": float(np.percentile(ttfts, 90)),
             "hit_rate": sum(x["vllm:prefix_cache_hits"] for x in d) / queries if queries else 0.0,
             "replica_hit_rates": [x["vllm:prefix_cache_hits"] / x["vllm:prefix_cache_queries"]
@@ -175,7 +180,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         per = {p: sorted((r for r in rows if r["policy"] == p), key=lambda r: r["seed"])
                for p in sorted({r["policy"] for r in rows})}
         table = {p: {k: float(np.mean([r[k] for r in rs]))
-                     for k in ("mean_ttft_s", "p90_ttft_s", "hit_rate", "max_share")}
+                     for k in ("mean_ttft_s", "p90_ttft_s", "hit_rate", "max_share", "failed")}
                  for p, rs in per.items()}
         ratios = {}
         for p, rs in per.items():
@@ -191,15 +196,16 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def markdown(summary: dict[str, Any]) -> str:
     lines = []
     for workload, s in summary.items():
-        lines += [f"### {workload}", "", "| policy | mean TTFT (s) | p90 TTFT (s) | prefix-cache "
-                  "hit rate | busier replica's share | locality / this: mean [95 % CI] | p90 |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [f"### {workload}", "", "| policy | failed | mean TTFT (s) | p90 TTFT (s) | "
+                  "prefix-cache hit rate | busier replica's share | locality / this: mean "
+                  "[95 % CI] | p90 |", "|---|---|---|---|---|---|---|---|"]
         for p, row in s["policies"].items():
             r = s["locality_over"].get(p)
             rat = (" | ".join(f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in
                               (r["mean_ttft_s"], r["p90_ttft_s"])) if r else "- | -")
-            lines.append(f"| {p} | {row['mean_ttft_s']:.3f} | {row['p90_ttft_s']:.3f} | "
-                         f"{row['hit_rate']:.3f} | {row['max_share']:.2f} | {rat} |")
+            lines.append(f"| {p} | {row['failed']:.1f} | {row['mean_ttft_s']:.3f} | "
+                         f"{row['p90_ttft_s']:.3f} | {row['hit_rate']:.3f} | "
+                         f"{row['max_share']:.2f} | {rat} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -8,6 +8,7 @@ in one process.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -25,7 +26,9 @@ from router.gate import Gate
 from router.index import PrefixIndex, open_index
 from router.locator import Locator, capacity_from_bytes
 from router.logs import AccessLog
+from router.membership import split_backends
 from router.metrics import RouterMetrics
+from router.passthrough import Surface
 from router.proxy import Proxy
 from router.replicas import ReplicaSet, ServedModels
 from router.routes import Routes, install_error_handlers
@@ -74,8 +77,10 @@ def _gate(settings: Settings, replicas: ReplicaSet) -> Gate:
 
 def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     """Build the router app for ``settings``; nothing starts until the lifespan runs."""
-    if not settings.backends:
-        raise ValueError("at least one --backend is required")
+    if not settings.backends and not settings.backends_file:
+        raise ValueError("at least one --backend (or --backends-file) is required")
+    urls, dns = split_backends(settings.backends)  # dns+ names: router.membership
+    settings = dataclasses.replace(settings, backends=tuple(urls))
     policy_name, policy_options, policy = _policy(settings)
     upstream = Upstream(settings.connect_timeout_s, settings.first_byte_timeout_s)
     replicas = _replicas(settings, upstream, clock)
@@ -102,6 +107,8 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
                   max_attempts=settings.max_attempts)
     admin = PolicyAdmin(proxy, policy_name, policy_options)
     gate = _gate(settings, replicas)
+    surface = Surface.build(settings, proxy=proxy, replicas=replicas, upstream=upstream,
+                            gate=gate, dns=dns)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -109,9 +116,11 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
         await index.warm()
         replicas.start()
         events.start()
+        surface.start()
         try:
             yield
         finally:
+            await surface.stop()
             await events.stop()
             await replicas.stop()
             await upstream.close()
@@ -122,7 +131,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     drain = Drain()  # set on SIGTERM by router.drain.DrainingServer
     routes = Routes(proxy, replicas, metrics, locator, events, admin, gate,
                     mode="token" if tokenizer else "text", drain=drain)
-    app.router.routes.extend(routes.routes())
+    app.router.routes.extend([*routes.routes(), *surface.routes()])
     install_error_handlers(app)
     if settings.access_log:
         app.add_middleware(AccessLog)

@@ -53,8 +53,9 @@ def _serve(args: argparse.Namespace) -> int:
     except (SettingsError, OSError) as exc:
         print(f"lmroute: {exc}", file=sys.stderr)
         return 2
-    if not settings.backends:
-        print("lmroute: at least one --backend URL is required", file=sys.stderr)
+    if not settings.backends and not settings.backends_file:
+        print("lmroute: at least one --backend URL (or --backends-file) is required",
+              file=sys.stderr)
         return 2
     from router.logs import configure
 

@@ -4,6 +4,7 @@
     ├── BadRequest            400      malformed JSON, missing or mistyped fields
     ├── Unauthorized          401      no or wrong key (a tenant's, or the admin key)
     ├── NotFound              404      unknown route
+    │   └── ModelNotFound              a model no replica serves (vLLM's own 404 shape)
     ├── PayloadTooLarge       413      body over ``max_body_bytes`` (decompressed)
     ├── UnsupportedEncoding   415      a Content-Encoding other than gzip/deflate/identity
     ├── RateLimited           429      a tenant over its concurrency or rate (Retry-After)
@@ -63,6 +64,19 @@ class NotFound(LmrouteError):
     status = 404
     type = "invalid_request_error"
     code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    """vLLM's answer for an unknown model: type ``NotFoundError``, the status as ``code``."""
+
+    type = "NotFoundError"
+
+    def __init__(self, model: str):
+        super().__init__(f"The model `{model}` does not exist.", param="model")
+
+    def body(self) -> bytes:
+        return orjson.dumps({"error": {"message": self.message, "type": self.type,
+                                       "param": self.param, "code": self.status}})
 
 
 class PayloadTooLarge(LmrouteError):

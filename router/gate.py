@@ -126,8 +126,18 @@ class Gate:
         self.admin_key = admin_key
         self.max_body_bytes = max_body_bytes
         # URL -> name, as bytes for the header; None: URLs are shown (--expose-replica-header)
-        self.names = None if replica_names is None else {
+        self.names: dict[bytes, bytes] | None = None if replica_names is None else {
             url.encode("latin-1"): name.encode() for url, name in replica_names.items()}
+
+    def name_of(self, url: str) -> str:
+        """How the replica header names ``url``; a replica that joined later gets the next
+        ``rN`` (``router.membership``)."""
+        if self.names is None:
+            return url
+        key = url.encode("latin-1")
+        if key not in self.names:
+            self.names[key] = f"r{len(self.names)}".encode()
+        return self.names[key].decode()
 
     def _admin(self, request: Request, access: Access) -> None:
         if not self.admin_key:
@@ -148,9 +158,11 @@ class Gate:
                                if key is None else "incorrect API key provided")
         return tenant
 
-    def wrap(self, access: Access, handler: Handler, *, proxied: bool = False) -> Handler:
-        """``handler`` behind this gate; ``proxied``: a chat/completions route (its body is
-        salted for a tenant, its replica header renamed)."""
+    def wrap(self, access: Access, handler: Handler, *, proxied: bool = False,
+             salt: bool = True, stream_body: bool = False) -> Handler:
+        """``handler`` behind this gate; ``proxied``: a routed request (its replica header
+        renamed; its body salted for a tenant unless ``salt`` is false); ``stream_body``:
+        the handler reads the body itself, as it comes (an upload, ``router.upload``)."""
 
         async def endpoint(request: Request) -> Response:
             tenant: Tenant | None = None
@@ -161,9 +173,9 @@ class Gate:
                 if tenant is not None:  # for the access log: the name, never the key
                     request.scope.setdefault("state", {})["tenant"] = tenant.name
             body: bytes | None = None
-            if request.method == "POST":
+            if request.method in ("POST", "DELETE") and not stream_body:
                 body = await read_decoded(request, self.max_body_bytes)
-                if tenant is not None and proxied:
+                if tenant is not None and proxied and salt:
                     body = salted(body, tenant)
             if body is not None or tenant is not None:
                 request = _replayed(request, body, drop_auth=tenant is not None)

@@ -103,6 +103,8 @@ class Locator:
         self._pending: set[asyncio.Task[None]] = set()
 
     def chain(self, parsed: ParsedRequest) -> list[BlockKey]:
+        if not parsed.hashed:
+            return []
         if self.tokenizer is None:
             return chain_for_body(parsed.body, parsed.endpoint, block_bytes=self.block_bytes)
         try:
@@ -132,6 +134,8 @@ class Locator:
         return self.sessions.last(session)
 
     def served(self, session: str, chain: list[BlockKey], replica: ReplicaId) -> None:
+        if session.startswith("n:"):  # a request of no session (embeddings, ...): not kept
+            return
         self.sessions.remember(session, replica)
         if chain:
             self._background(self._record(chain, replica))

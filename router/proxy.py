@@ -30,14 +30,14 @@ that chose it, so an in-flight request finishes against the policy that routed i
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from policies.base import Decision, NoReplicaAvailable, Outcome, Policy, RequestView
+from policies.base import Decision, NoReplicaAvailable, Outcome, Policy, ReplicaView, RequestView
 from router.disconnect import CLIENT_CLOSED, ClientGone, mark_gone, unless_gone
 from router.errors import (
     BadRequest,
@@ -58,6 +58,23 @@ from router.upstream import Upstream, UpstreamResponse, end_to_end
 
 Clock = Callable[[], float]
 PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What each attempt sends: ``body`` is bytes, or a factory of a fresh stream per attempt
+    (a streamed upload replayed on failover, ``router.upload``)."""
+
+    method: str
+    path: str  # with its query string
+    body: bytes | Callable[[], AsyncIterable[bytes]] | None
+
+    def payload(self) -> bytes | AsyncIterable[bytes] | None:
+        return self.body() if callable(self.body) else self.body
+
+
+# A pass-through route's parse: the request -> what routing needs, and what to send.
+Prepare = Callable[[Request], Awaitable[tuple[ParsedRequest, Target]]]
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -127,15 +144,24 @@ class Proxy:
         self.clock = clock
         self.max_body_bytes = max_body_bytes
         self.max_attempts = max_attempts
+        # The replicas a request may go to (``router.models``: its model, drains, pins).
+        self.candidates: Callable[[ParsedRequest], list[ReplicaView]] = \
+            lambda parsed: self.replicas.views()
 
-    async def handle(self, endpoint: Endpoint, request: Request) -> Response:
+    async def handle(self, endpoint: Endpoint, request: Request,
+                     prepare: Prepare | None = None) -> Response:
+        """Route one request: chat/completions, or a pass-through route's ``prepare``."""
         t0 = self.clock()
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         live: list[_Attempt] = []  # the attempts made: the last may be open when the client left
         try:
-            raw = await read_body(request, self.max_body_bytes)
-            parsed = parse_request(endpoint, raw, request.headers.get("x-session-id"))
-            return await unless_gone(self._route(parsed, raw, request, request_id, t0, live),
+            if prepare is None:
+                raw = await read_body(request, self.max_body_bytes)
+                parsed = parse_request(endpoint, raw, request.headers.get("x-session-id"))
+                target = Target("POST", PATHS[endpoint], raw)
+            else:
+                parsed, target = await prepare(request)
+            return await unless_gone(self._route(parsed, target, request, request_id, t0, live),
                                      request.receive)
         except ClientGone:
             if live and live[-1].open:
@@ -154,7 +180,7 @@ class Proxy:
             request_id=request_id,
             model=parsed.model,
             session=parsed.session,
-            endpoint=parsed.endpoint,
+            endpoint=parsed.route,
             stream=parsed.stream,
             prompt_tokens=parsed.prompt_chars // 4,
             max_tokens=parsed.max_tokens,
@@ -163,7 +189,7 @@ class Proxy:
             now=now,
         )
 
-    async def _route(self, parsed: ParsedRequest, raw: bytes, request: Request,
+    async def _route(self, parsed: ParsedRequest, target: Target, request: Request,
                      request_id: str, t0: float, live: list[_Attempt]) -> Response:
         headers = end_to_end((k.decode("latin-1"), v.decode("latin-1"))
                              for k, v in request.headers.raw)
@@ -181,7 +207,8 @@ class Proxy:
         for attempt_no in range(self.max_attempts):
             view = replace(view, exclude=frozenset(tried), now=self.clock())
             try:
-                attempt = self._dispatch(view, policy, chain, retry=bool(attempt_no))
+                attempt = self._dispatch(view, policy, chain, self.candidates(parsed),
+                                         retry=bool(attempt_no))
             except NoReplicaAvailable:
                 break
             live.append(attempt)
@@ -189,8 +216,8 @@ class Proxy:
             if attempt_no == 0:
                 self.metrics.routing_overhead(self.clock() - t0)
             try:
-                resp = await self.upstream.send(
-                    "POST", attempt.replica.url + PATHS[parsed.endpoint], headers, raw)
+                resp = await self.upstream.send(target.method, attempt.replica.url + target.path,
+                                                headers, target.payload())
             except UpstreamConnectError as exc:
                 self._failed(attempt, "connect", str(exc))
                 last_error = exc
@@ -214,18 +241,18 @@ class Proxy:
             self._finished(attempt, resp.status, t0, ttft=self.clock() - t0, ok=resp.status < 400)
             return self._buffered(resp, body, attempt, request_id)
         if fault is not None:
-            self.metrics.request_done(parsed.endpoint, fault.attempt.replica.url, fault.resp.status,
+            self.metrics.request_done(parsed.route, fault.attempt.replica.url, fault.resp.status,
                                       fault.attempt.decision.arm)
             return self._error_reply(fault, request_id)
         if last_error is not None:
             raise UpstreamError(f"all {len(tried)} replicas tried failed; last: {last_error.message}")
         raise NoHealthyReplica("no healthy replica to route to")
 
-    def _dispatch(self, view: RequestView, policy: Policy, chain: list[int], *,
-                  retry: bool) -> _Attempt:
+    def _dispatch(self, view: RequestView, policy: Policy, chain: list[int],
+                  candidates: list[ReplicaView], *, retry: bool) -> _Attempt:
         """Ask the policy (``NoReplicaAvailable`` when it has none) and count the attempt
         in the chosen replica's in-flight."""
-        decision = policy.choose(view, self.replicas.views())
+        decision = policy.choose(view, candidates)
         replica = self.replicas.by_id[decision.replica]
         if retry:
             self.metrics.retry(replica.url, decision.arm)

@@ -59,6 +59,7 @@ class Replica:
     kv_usage: float = 0.0
     scraped_at: float | None = None
     last_error: str = ""
+    draining: bool = False  # no new requests; in-flight ones finish (router.membership)
 
     def view(self) -> ReplicaView:
         return ReplicaView(
@@ -77,6 +78,7 @@ class Replica:
             "url": self.url,
             "healthy": self.healthy,
             "in_flight": self.in_flight,
+            "draining": self.draining,
             "consecutive_failures": self.fails,
             "scraped": {
                 "num_requests_running": self.running,
@@ -180,6 +182,21 @@ class ReplicaSet:
             for m in found:
                 seen.setdefault(str(m["id"]), m)
         return list(seen.values())
+
+    def add(self, url: str, *, healthy: bool = True) -> Replica:
+        """A replica joins (``router.membership``); an existing URL is returned as is."""
+        url = url.rstrip("/")
+        if url not in self.by_id:
+            self.by_id[url] = Replica(id=url, url=url, healthy=healthy)
+            self.replicas = [*self.replicas, self.by_id[url]]
+        return self.by_id[url]
+
+    def remove(self, url: str) -> Replica | None:
+        """A replica leaves; its in-flight requests hold their ``Replica`` and finish."""
+        replica = self.by_id.pop(url.rstrip("/"), None)
+        if replica is not None:
+            self.replicas = [r for r in self.replicas if r is not replica]
+        return replica
 
     # -- health state machine ------------------------------------------------------
     def _set_health(self, replica: Replica, healthy: bool) -> None:

@@ -128,6 +128,32 @@ class Settings:
         default=False, metadata={"help": "x-lmroute-replica names the replica's URL "
                                  "(default: its --backend position, r0, r1, ...)"}
     )
+    models_refresh_s: float = field(
+        default=10.0, metadata={"help": "period of re-reading each replica's /v1/models (model "
+                                "routing; 0: only when a replica joins or a LoRA changes)"}
+    )
+    backends_file: str = field(
+        default="", metadata={"help": "file of replica URLs, one per line (# comments), re-read "
+                              "when it changes; see docs/surface.md"}
+    )
+    backends_poll_s: float = field(
+        default=1.0, metadata={"help": "how often --backends-file is checked for a change"}
+    )
+    dns_interval_s: float = field(
+        default=5.0, metadata={"help": "how often dns+http://NAME:PORT backends are re-resolved"}
+    )
+    dns_hosts_file: str = field(
+        default="", metadata={"help": "resolve dns+ backend names from this hosts-style file "
+                              "(ADDRESS NAME... per line) instead of the system resolver"}
+    )
+    fanout_timeout_s: float = field(
+        default=120.0, metadata={"help": "how long a route sent to every replica (LoRA, sleep) "
+                                 "waits for each"}
+    )
+    responses_ttl_s: float = field(
+        default=7 * 86400.0, metadata={"help": "how long a /v1/responses id is remembered "
+                                       "(its replica, for GET/DELETE/cancel)"}
+    )
     drain_grace_s: float = field(
         default=5.0, metadata={"help": "on SIGTERM, /ready is 503 at once but requests are still "
                                "served this long (the load balancer notices), then the "

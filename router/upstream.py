@@ -16,7 +16,7 @@ the bottleneck of a proxy here, far below aiohttp's throughput.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -140,7 +140,8 @@ class Upstream:
         return self._session
 
     async def send(
-        self, method: str, url: str, headers: list[tuple[str, str]], body: bytes | None
+        self, method: str, url: str, headers: list[tuple[str, str]],
+        body: bytes | AsyncIterable[bytes] | None,
     ) -> UpstreamResponse:
         """Send a request; return when the replica's headers arrived."""
         try:

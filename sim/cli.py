@@ -32,7 +32,7 @@ from typing import Any
 
 DEFAULT_MODEL = "emulated-27b"
 SCENARIOS = ("cross-replica", "sessions", "study", "load", "pool-pressure", "trace")
-PROFILE_HELP = "replica profile: a built-in name (study-27b, tiny) or a .toml/.json file"
+PROFILE_HELP = "replica profile: a built-in name (study-27b, h200-27b, tiny) or a .toml/.json file"
 
 
 def _fail(command: str, exc: BaseException) -> int:

@@ -2,8 +2,10 @@
 
 Serves POST /v1/chat/completions and /v1/completions (streamed and not, ``usage``,
 ``stream_options.include_usage``), GET /v1/models, /health, /metrics (vLLM's metric
-names), POST /tokenize — the same bodies and SSE framing vLLM sends, so the router, the
-OpenAI SDKs and tests cannot tell it from a real engine except by speed.
+names), POST /tokenize, and the rest of vLLM's routes (``sim.emulator.surface`` and
+``sim.emulator.generate``: embeddings, responses, messages, audio, LoRA, ...) — the same
+bodies and SSE framing vLLM sends, so the router, the OpenAI SDKs and tests cannot tell
+it from a real engine except by speed.
 
 Timing comes from an ``Engine``: for each request it returns when the first token is due
 and the time per output token; the server sleeps those durations (model seconds x
@@ -99,7 +101,11 @@ class EmulatedReplica:
         self._labels = {"model_name": model, "engine": "0"}
         self.metrics.touch(self._labels)
         self._seq = 0
+        self.loras: dict[str, str] = {}  # LoRA adapters loaded at run time: name -> path
         self._start = clock() if start is None else start  # a shared pool's epoch
+
+    def serves(self, model: str) -> bool:
+        return model == self.model or model in self.loras
 
     def model_now(self) -> float:
         """The engine's clock: model seconds since this replica started."""
@@ -123,7 +129,7 @@ class EmulatedReplica:
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object")
         model = body.get("model", self.model)
-        if model is not None and model != self.model:
+        if model is not None and not self.serves(model):
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
         if endpoint == "chat" and not isinstance(body.get("messages"), list):
             return _error(400, "'messages' is required")
@@ -284,7 +290,10 @@ class EmulatedReplica:
         return Response(orjson.dumps({"object": "list", "data": [{
             "id": self.model, "object": "model", "created": self._created(),
             "owned_by": "vllm", "root": self.model, "parent": None,
-            "max_model_len": self.max_model_len}]}), media_type="application/json")
+            "max_model_len": self.max_model_len}, *({
+                "id": name, "object": "model", "created": self._created(), "owned_by": "vllm",
+                "root": path, "parent": self.model, "max_model_len": self.max_model_len}
+                for name, path in self.loras.items())]}), media_type="application/json")
 
     async def health(self, request: Request) -> Response:
         status = self.faults.health_status or 200
@@ -337,6 +346,10 @@ def create_replica_app(replica: EmulatedReplica) -> Starlette:
     async def completions(request: Request) -> Response:
         return await _abortable(request, "completions", replica)
 
+    from sim.emulator.generate import Generating
+    from sim.emulator.surface import ReplicaSurface
+
+    surface = ReplicaSurface(replica)
     app = Starlette(routes=[
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
@@ -345,6 +358,8 @@ def create_replica_app(replica: EmulatedReplica) -> Starlette:
         Route("/metrics", replica.metrics_endpoint, methods=["GET"]),
         Route("/tokenize", replica.tokenize, methods=["POST"]),
         Route("/_emulator/faults", replica.set_faults, methods=["POST"]),
+        *surface.routes(),
+        *Generating(surface).routes(),
     ])
     app.state.replica = replica
     return app

@@ -4,7 +4,9 @@ Design (not a full cross product): a base cell (``study-27b`` hardware, 4 replic
 router, pool on) and one axis varied at a time.
 
 - ``core``: every selected workload x every load, on the base cell;
-- ``hardware``: each non-base hardware row (``HARDWARE``) x the axis workloads x loads;
+- ``hardware``: each non-base hardware row (``HARDWARE``) x the axis workloads x loads; a
+  row is ``base`` with one term changed, or (``MEASURED``: ``h200-27b``) a profile fitted
+  to measurements on other hardware, whatever the base;
 - ``fleet``: each non-base replica count x the axis workloads x loads (the arrival rate
   scales with the fleet: ``rate_scale * replicas / 4``);
 - ``routers``: each router count > 1 x the axis workloads x loads (``run_arm(routers=R)``:
@@ -55,7 +57,8 @@ from sim.replica.profiles import Profile, load_profile
 
 BASE_HW, BASE_REPLICAS, BASE_ROUTERS = "study-27b", 4, 1
 HARDWARE = ("study-27b", "prefill-0.33x", "prefill-3x", "attn-3x", "pool-4x-slower",
-            "small-gpu", "no-pool", "hetero")
+            "small-gpu", "no-pool", "hetero", "h200-27b")
+MEASURED = ("h200-27b",)  # rows that are a measured profile (docs/calibration.md), not derived
 LOADS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 AXIS_WORKLOADS = ("mooncake", "agents", "docqa")
 LIGHT, KNEE_FACTOR, BRACKET_STEPS = 0.1, 5.0, 6
@@ -68,6 +71,8 @@ def hardware_row(name: str, base: Profile) -> tuple[Profile, bool, Profile | Non
     r = dataclasses.replace
     if name == BASE_HW:
         return base, True, None
+    if name in MEASURED:  # measured physics; the policy keeps the study's prior
+        return load_profile(name), True, None
     if name in ("prefill-0.33x", "prefill-3x"):
         k = 1 / 3 if name == "prefill-0.33x" else 3.0
         return r(base, name=name, prefill_fixed_s=base.prefill_fixed_s * k,

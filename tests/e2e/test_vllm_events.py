@@ -7,7 +7,7 @@ no pool (LMCache does not run on CPU). Asserted, in order:
 2. after a long prompt, within 1 s the index holds all its blocks on the replica that
    served it, learned from events (the replica is in precise mode);
 3. the session's next turn (another session id: only the index can know) goes to that
-   replica as a gpu-hit, with a TTFT far below the cold one;
+   replica as a gpu-hit, and the engine reports the prefix served from its cache;
 4. /reset_prefix_cache reaches the router as AllBlocksCleared: the replica is forgotten;
 5. an engine restart (its sequence numbers restart at 0) forgets the replica.
 Measured numbers are printed (``-s``) and written to $LMROUTE_E2E_REPORT when set.
@@ -127,7 +127,15 @@ def test_router_tokens_equal_the_engines(engines: list[VllmServer], tiny_model: 
     assert list(tok.ids({"prompt": prompt}, "completions")) == theirs["tokens"]
 
 
-def test_events_index_the_prompt_and_the_next_turn_hits(lm: Server) -> None:
+def prefix_hits(engine: VllmServer) -> float:
+    """The engine's own count of prompt tokens served from its prefix cache."""
+    text = httpx.get(engine.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:prefix_cache_hits_total"))
+
+
+def test_events_index_the_prompt_and_the_next_turn_hits(lm: Server,
+                                                        engines: list[VllmServer]) -> None:
     first = chat(doc("alpha"), 0)
     cold, headers = stream_ttft(lm.url, first, "s-alpha")
     served = headers["x-lmroute-replica"]
@@ -139,12 +147,16 @@ def test_events_index_the_prompt_and_the_next_turn_hits(lm: Server) -> None:
     assert status(lm.url, served)["mode"] == "precise"
     assert status(lm.url, served)["unresolved_blocks"] == 0
     # Another session id: no stickiness, only the index can send it back.
+    hits_before = prefix_hits(_engine(engines, served))
     warm, headers = stream_ttft(lm.url, chat(doc("alpha"), 1), "s-alpha-2")
     assert headers["x-lmroute-replica"] == served
     assert headers["x-lmroute-reason"] == "gpu-hit"
     REPORT.update(prompt_blocks=chain, time_to_index_s=round(took, 4), cold_ttft_s=round(cold, 4),
                   warm_ttft_s=round(warm, 4), ttft_ratio=round(warm / cold, 4))
-    assert warm < 0.3 * cold, REPORT
+    # The engine itself says the prefix was reused (a TTFT ratio would be a timing assertion
+    # on a shared 2-core machine); the TTFTs go to the report.
+    reused = prefix_hits(_engine(engines, served)) - hits_before
+    assert reused >= (chain - 1) * lookup(lm.url, first)["block_tokens"], REPORT
 
 
 def _engine(engines: list[VllmServer], url: str) -> VllmServer:
