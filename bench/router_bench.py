@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                     port = free_port()
                     cmd = ["taskset", "-c", PROXY_CPU, py, "-m", "router.cli", "serve",
                            "--backend", f"http://{HOST}:{backend_port}", "--policy", policy,
-                           "--host", HOST, "--port", str(port)]
+                           "--host", HOST, "--port", str(port), "--drain-grace-s", "0"]
                     with started(cmd, port, f"lmroute ({policy})"):
                         check_replies(port, f"lmroute ({policy})")
                         results += measure_target(f"lmroute {policy}", port, luas, rnd, args)

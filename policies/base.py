@@ -67,6 +67,8 @@ class RequestView:
     (the router: the prompt's text length / 4, in token mode too; the simulator: exact).
     ``now`` is the caller's clock in seconds, so policies never read one. ``exclude``
     names replicas already tried for this request (failover): a policy must not pick them.
+    ``request_id`` is the router's own id, unique per request: never the client's
+    X-Request-Id, which two requests may share (policy state keyed on it would leak).
     """
 
     request_id: str

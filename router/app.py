@@ -20,10 +20,12 @@ from policies import registry
 from policies.base import Policy
 from policies.split import parse_policy_ref
 from router.admin import PolicyAdmin
+from router.drain import Drain
 from router.events import EngineEvents, KvIngest, parse_sources
 from router.gate import Gate
 from router.index import PrefixIndex, open_index
 from router.locator import Locator, capacity_from_bytes
+from router.logs import AccessLog
 from router.membership import split_backends
 from router.metrics import RouterMetrics
 from router.passthrough import Surface
@@ -51,6 +53,7 @@ def _index(settings: Settings, block_tokens: int, metrics: RouterMetrics) -> Pre
     capacity = capacity_from_bytes(settings.gpu_kv_bytes, settings.pool_bytes,
                                    block_tokens, settings.kv_bytes_per_token)
     return open_index(settings.index, capacity, lookup_timeout_s=settings.index_lookup_timeout_s,
+                      lookup_timeout_max_s=settings.index_lookup_timeout_max_s,
                       block_tokens=block_tokens, on_error=metrics.index_error)
 
 
@@ -60,6 +63,7 @@ def _replicas(settings: Settings, upstream: Upstream, clock: Clock) -> ReplicaSe
         health_interval_s=settings.health_interval_s, health_timeout_s=settings.health_timeout_s,
         eject_after=settings.eject_after, readmit_after=settings.readmit_after,
         scrape_interval_s=settings.scrape_interval_s, clock=clock,
+        max_ejection_percent=settings.max_ejection_percent,
     )
 
 
@@ -88,6 +92,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     if sources and tokenizer is None:
         raise ValueError("--kv-events needs --tokenizer: event keys are token-mode keys")
     index = _index(settings, block_tokens, metrics)
+    metrics.watch_index(index)
     served = ServedModels(upstream, settings.health_timeout_s, settings.served_model)
     ingest = KvIngest(index, served, block_tokens=block_tokens,
                       max_blocks=settings.kv_events_max_blocks, on_error=metrics.index_error,
@@ -124,12 +129,16 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
 
     app = FastAPI(title="lmroute", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
+    drain = Drain()  # set on SIGTERM by router.drain.DrainingServer
     routes = Routes(proxy, replicas, metrics, locator, events, admin, gate,
-                    mode="token" if tokenizer else "text")
+                    mode="token" if tokenizer else "text", drain=drain)
     app.router.routes.extend([*routes.routes(), *surface.routes()])
     install_error_handlers(app)
+    if settings.access_log:
+        app.add_middleware(AccessLog)
     app.state.settings = settings
     app.state.proxy = proxy
     app.state.admin = admin
     app.state.gate = gate
+    app.state.drain = drain
     return app

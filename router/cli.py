@@ -57,18 +57,25 @@ def _serve(args: argparse.Namespace) -> int:
         print("lmroute: at least one --backend URL (or --backends-file) is required",
               file=sys.stderr)
         return 2
+    from router.logs import configure
+
     try:
+        configure(settings.log_format, settings.log_level, settings.access_log)
         app = create_app(settings)
     except (ValueError, KeyError) as exc:
         print(f"lmroute: {exc}", file=sys.stderr)
         return 2
+    from router.drain import DrainingServer
     from router.framing import JsonFramingProtocol
 
     # The replica's own Date/Server headers pass through: uvicorn must not add a second pair.
-    # Malformed HTTP is answered OpenAI-shaped (router/framing.py).
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=False, server_header=False, date_header=False,
-                http=JsonFramingProtocol)
+    # Malformed HTTP is answered OpenAI-shaped (router/framing.py). SIGTERM drains
+    # (router/drain.py). Logging is router.logs' (log_config=None keeps uvicorn's hands off).
+    config = uvicorn.Config(app, host=settings.host, port=settings.port,
+                            log_config=None, log_level=settings.log_level, access_log=False,
+                            server_header=False, date_header=False, http=JsonFramingProtocol,
+                            timeout_graceful_shutdown=int(settings.drain_timeout_s))
+    DrainingServer(config, app.state.drain, settings.drain_grace_s).run()
     return 0
 
 

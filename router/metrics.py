@@ -54,6 +54,25 @@ class _ReplicaCollector(Collector):
         yield from (healthy, in_flight, running, waiting, kv)
 
 
+class _IndexCollector(Collector):
+    """``lmroute_index_degraded`` (1 while the shared index is down and local memory
+    answers) and the adaptive lookup timeout, read from the index at scrape time."""
+
+    def __init__(self, index: object):
+        self._index = index
+
+    def collect(self) -> Iterator[Metric]:
+        degraded = GaugeMetricFamily("lmroute_index_degraded",
+                                     "1 while the shared prefix index is unavailable")
+        degraded.add_metric([], 1.0 if getattr(self._index, "degraded", False) else 0.0)
+        yield degraded
+        timeout = getattr(self._index, "lookup_timeout", None)
+        if timeout is not None:
+            yield GaugeMetricFamily("lmroute_index_lookup_timeout_seconds",
+                                    "the adaptive shared-index lookup timeout",
+                                    value=float(timeout.value_s))
+
+
 class RouterMetrics:
     """Router metrics on a private registry (no process globals: several apps per process)."""
 
@@ -72,11 +91,16 @@ class RouterMetrics:
             ["replica", "arm"], registry=r,
         )
         self._upstream_errors = Counter(
-            "lmroute_upstream_errors", "replica failures seen on the request path",
+            "lmroute_upstream_errors", "failed attempts seen on the request path (kind "
+            "request_*/suspect_*: 5xx not counted against the replica, router.failures)",
             ["replica", "kind", "arm"], registry=r,
         )
         self._client_errors = Counter(
             "lmroute_client_errors", "requests refused by the router itself", ["code"], registry=r
+        )
+        self._disconnects = Counter(
+            "lmroute_client_disconnects", "clients gone before their reply ended (upstream "
+            "request cancelled)", ["phase"], registry=r,
         )
         self._ttft = Histogram(
             "lmroute_time_to_first_byte_seconds",
@@ -126,6 +150,10 @@ class RouterMetrics:
     def routing_overhead(self, seconds: float) -> None:
         self._overhead.observe(seconds)
 
+    def client_disconnect(self, phase: str) -> None:
+        """A client left; ``phase``: ``before_reply`` (no byte sent yet) or ``mid_stream``."""
+        self._disconnects.labels(phase).inc()
+
     def upstream_error(self, replica: str, kind: str, arm: str) -> None:
         self._upstream_errors.labels(replica, kind, arm).inc()
 
@@ -151,6 +179,10 @@ class RouterMetrics:
         """The index failed (``kind``: lookup, record, template, events, ...); the request
         went on without it."""
         self._index_errors.labels(kind).inc()
+
+    def watch_index(self, index: object) -> None:
+        """Export the index's health (``lmroute_index_degraded``) from now on."""
+        self.registry.register(_IndexCollector(index))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

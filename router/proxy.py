@@ -8,10 +8,13 @@ One linear path, like Go's httputil.ReverseProxy:
 3. ask the policy for a replica among the healthy ones not yet tried;
 4. send the original bytes with end-to-end headers (hop-by-hop stripped, X-Request-Id
    kept or created);
-5. failover: a connect error, a 5xx, or a body that breaks while still buffered (non-stream
-   replies are small and read whole before the client sees a byte) marks the replica and
-   retries on another, up to ``max_attempts``; once bytes reached the client there is no
-   retry — a stream that breaks mid-way ends with an SSE error event and a clean close;
+5. failover: a connect error, a gateway 5xx, or a body that breaks while still buffered
+   (non-stream replies are small and read whole before the client sees a byte) marks the
+   replica and retries on another, up to ``max_attempts``; a 5xx that may be the request's
+   fault (``router.failures``) is retried once elsewhere without counting against the
+   replica, and a second one ends the request with that error, OpenAI-shaped; once bytes
+   reached the client there is no retry — a stream that breaks mid-way ends with an SSE
+   error event and a clean close;
 6. the reply's status, end-to-end headers and bytes reach the client unchanged (SSE
    chunks flushed as they arrive), plus x-lmroute-replica / -policy / -reason (and -arm
    when an A/B ``split`` chose);
@@ -35,6 +38,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from policies.base import Decision, NoReplicaAvailable, Outcome, Policy, ReplicaView, RequestView
+from router.disconnect import CLIENT_CLOSED, ClientGone, mark_gone, unless_gone
 from router.errors import (
     BadRequest,
     LmrouteError,
@@ -45,6 +49,7 @@ from router.errors import (
     UpstreamStreamBroken,
     sse_error_event,
 )
+from router.failures import Verdict, classify, shaped
 from router.locator import Locator
 from router.metrics import RouterMetrics
 from router.openai_api import Endpoint, ParsedRequest, parse_request
@@ -112,6 +117,17 @@ class _Attempt:
     replica: Replica
     chain: list[int]
     policy: Policy
+    open: bool = True  # counted in the replica's in_flight, outcome not yet observed
+
+
+@dataclass(slots=True)
+class _Fault:
+    """A 5xx answer and ``router.failures``' verdict on it (``body`` None: it broke)."""
+
+    resp: UpstreamResponse
+    body: bytes | None
+    attempt: _Attempt
+    verdict: Verdict
 
 
 class Proxy:
@@ -137,6 +153,7 @@ class Proxy:
         """Route one request: chat/completions, or a pass-through route's ``prepare``."""
         t0 = self.clock()
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        live: list[_Attempt] = []  # the attempts made: the last may be open when the client left
         try:
             if prepare is None:
                 raw = await read_body(request, self.max_body_bytes)
@@ -144,7 +161,14 @@ class Proxy:
                 target = Target("POST", PATHS[endpoint], raw)
             else:
                 parsed, target = await prepare(request)
-            return await self._route(parsed, target, request, request_id, t0)
+            return await unless_gone(self._route(parsed, target, request, request_id, t0, live),
+                                     request.receive)
+        except ClientGone:
+            if live and live[-1].open:
+                self._abandoned(live[-1])
+            self.metrics.client_disconnect("before_reply")
+            mark_gone(request.scope)
+            return Response(status_code=CLIENT_CLOSED)
         except LmrouteError as err:  # rendered by the app's handler (router.routes)
             self.metrics.refused(err.code or err.type)
             err.request_id = request_id
@@ -166,63 +190,106 @@ class Proxy:
         )
 
     async def _route(self, parsed: ParsedRequest, target: Target, request: Request,
-                     request_id: str, t0: float) -> Response:
+                     request_id: str, t0: float, live: list[_Attempt]) -> Response:
         headers = end_to_end((k.decode("latin-1"), v.decode("latin-1"))
                              for k, v in request.headers.raw)
         headers = [(k, v) for k, v in headers if k.lower() != "x-request-id"]
         headers.append(("x-request-id", request_id))
         chain = self.locator.chain(parsed)
-        view = await self._view(parsed, chain, request_id, t0)
+        # Policy state keys on an internal id: the client's X-Request-Id is only echoed and
+        # forwarded (two in-flight requests may share it).
+        view = await self._view(parsed, chain, uuid.uuid4().hex, t0)
         policy = self.policy  # one object for the whole request, whatever the admin API does
         tried: set[str] = set()
         last_error: UpstreamError | None = None
-        last_5xx: tuple[UpstreamResponse, bytes, _Attempt] | None = None
+        fault: _Fault | None = None  # the last 5xx, and whether its replica was blamed
+        blamed = 0  # 5xx answers not blamed on the replica: the request's second one ends it
         for attempt_no in range(self.max_attempts):
             view = replace(view, exclude=frozenset(tried), now=self.clock())
             try:
-                decision = policy.choose(view, self.candidates(parsed))
+                attempt = self._dispatch(view, policy, chain, self.candidates(parsed),
+                                         retry=bool(attempt_no))
             except NoReplicaAvailable:
                 break
-            replica = self.replicas.by_id[decision.replica]
-            attempt = _Attempt(view, decision, replica, chain, policy)
-            tried.add(replica.id)
-            if attempt_no:
-                self.metrics.retry(replica.url, decision.arm)
-            self.metrics.decision(policy.name, decision.reason, decision.arm)
-            policy.dispatched(view, decision)
-            replica.in_flight += 1
+            live.append(attempt)
+            tried.add(attempt.replica.id)
             if attempt_no == 0:
                 self.metrics.routing_overhead(self.clock() - t0)
             try:
-                resp = await self.upstream.send(target.method, replica.url + target.path,
+                resp = await self.upstream.send(target.method, attempt.replica.url + target.path,
                                                 headers, target.payload())
             except UpstreamConnectError as exc:
                 self._failed(attempt, "connect", str(exc))
                 last_error = exc
                 continue
             if resp.status >= 500:
-                body = await self._read_or_none(resp)
-                self._failed(attempt, f"http_{resp.status}", f"answered {resp.status}")
-                last_5xx = (resp, body or b"", attempt)
+                fault = await self._fault(resp, attempt)
+                blamed += fault.verdict != "replica"
+                if blamed >= 2:  # a second replica failed it too: the request's fault
+                    break
                 continue
             if resp.is_event_stream:
-                return self._stream(resp, attempt, request_id, t0)
+                self._acquit(fault, resp.status)
+                return self._stream(resp, attempt, request_id, t0, request.scope)
             try:
                 body = await resp.read()
             except UpstreamStreamBroken as exc:
                 self._failed(attempt, "body", str(exc))
                 last_error = exc
                 continue
+            self._acquit(fault, resp.status)
             self._finished(attempt, resp.status, t0, ttft=self.clock() - t0, ok=resp.status < 400)
             return self._buffered(resp, body, attempt, request_id)
-        if last_5xx is not None:
-            resp, body, attempt = last_5xx
-            self.metrics.request_done(parsed.route, attempt.replica.url, resp.status,
-                                      attempt.decision.arm)
-            return self._buffered(resp, body, attempt, request_id)
+        if fault is not None:
+            self.metrics.request_done(parsed.route, fault.attempt.replica.url, fault.resp.status,
+                                      fault.attempt.decision.arm)
+            return self._error_reply(fault, request_id)
         if last_error is not None:
             raise UpstreamError(f"all {len(tried)} replicas tried failed; last: {last_error.message}")
         raise NoHealthyReplica("no healthy replica to route to")
+
+    def _dispatch(self, view: RequestView, policy: Policy, chain: list[int],
+                  candidates: list[ReplicaView], *, retry: bool) -> _Attempt:
+        """Ask the policy (``NoReplicaAvailable`` when it has none) and count the attempt
+        in the chosen replica's in-flight."""
+        decision = policy.choose(view, candidates)
+        replica = self.replicas.by_id[decision.replica]
+        if retry:
+            self.metrics.retry(replica.url, decision.arm)
+        self.metrics.decision(policy.name, decision.reason, decision.arm)
+        policy.dispatched(view, decision)
+        replica.in_flight += 1
+        return _Attempt(view, decision, replica, chain, policy)
+
+    async def _fault(self, resp: UpstreamResponse, attempt: _Attempt) -> _Fault:
+        """A 5xx answer: read it, and count it against the replica only when it says the
+        replica is at fault (``router.failures``)."""
+        body = await self._read_or_none(resp)
+        verdict = classify(resp.status, resp.content_type, body)
+        if verdict == "replica":
+            self._failed(attempt, f"http_{resp.status}", f"answered {resp.status}")
+        else:
+            self._failed(attempt, f"{verdict}_{resp.status}", f"answered {resp.status}",
+                         count=False)
+        return _Fault(resp, body, attempt, verdict)
+
+    def _acquit(self, fault: _Fault | None, status: int) -> None:
+        """Another replica served the request (``status`` < 400; a 4xx says the request was
+        bad after all): an unexplained 5xx before was the replica's."""
+        if fault is not None and fault.verdict == "suspect" and status < 400:
+            self.replicas.record_failure(fault.attempt.replica,
+                                         f"answered {fault.resp.status} where another did not")
+
+    def _error_reply(self, fault: _Fault, request_id: str) -> Response:
+        body = shaped(fault.resp.status, fault.resp.content_type, fault.body)
+        if body is None:
+            return self._buffered(fault.resp, fault.body or b"", fault.attempt, request_id)
+        out = Response(body, status_code=fault.resp.status)
+        out.raw_headers = [
+            *((k, v) for k, v in self._headers(fault.resp, fault.attempt, request_id)
+              if k != b"content-type"),
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        return out
 
     @staticmethod
     async def _read_or_none(resp: UpstreamResponse) -> bytes | None:
@@ -231,9 +298,12 @@ class Proxy:
         except UpstreamStreamBroken:
             return None
 
-    def _failed(self, attempt: _Attempt, kind: str, error: str) -> None:
+    def _failed(self, attempt: _Attempt, kind: str, error: str, *, count: bool = True) -> None:
+        """An attempt that served nothing; ``count``: it counts toward ejecting the replica."""
         attempt.replica.in_flight -= 1
-        self.replicas.record_failure(attempt.replica, error)
+        attempt.open = False
+        if count:
+            self.replicas.record_failure(attempt.replica, error)
         self.metrics.upstream_error(attempt.replica.url, kind, attempt.decision.arm)
         attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=False,
                                     at=self.clock()))
@@ -242,6 +312,7 @@ class Proxy:
                   ok: bool) -> None:
         now = self.clock()
         attempt.replica.in_flight -= 1
+        attempt.open = False
         self.replicas.record_success(attempt.replica, from_probe=False)
         self.metrics.request_done(attempt.view.endpoint, attempt.replica.url, status,
                                   attempt.decision.arm, duration_s=now - t0, ttft_s=ttft,
@@ -250,6 +321,16 @@ class Proxy:
                                     total_s=now - t0, at=now))
         if ok:
             self.locator.served(attempt.view.session, attempt.chain, attempt.replica.id)
+
+    def _abandoned(self, attempt: _Attempt) -> None:
+        """The client left while ``attempt`` was in flight (its upstream request was
+        cancelled): the replica's count drops now, and the policy sees a failed outcome."""
+        attempt.replica.in_flight -= 1
+        attempt.open = False
+        self.metrics.request_done(attempt.view.endpoint, attempt.replica.url, CLIENT_CLOSED,
+                                  attempt.decision.arm)
+        attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=False,
+                                       at=self.clock()))
 
     def _headers(self, resp: UpstreamResponse, attempt: _Attempt,
                  request_id: str) -> list[tuple[bytes, bytes]]:
@@ -273,8 +354,9 @@ class Proxy:
         return out
 
     def _stream(self, resp: UpstreamResponse, attempt: _Attempt, request_id: str,
-                t0: float) -> Response:
-        state: dict[str, float | bool | None] = {"ttft": None, "ok": True, "done": False}
+                t0: float, scope: Scope) -> Response:
+        state: dict[str, float | bool | None] = {"ttft": None, "ok": True, "done": False,
+                                                 "ended": False}
 
         async def body() -> AsyncIterator[bytes]:
             try:
@@ -295,12 +377,17 @@ class Proxy:
                 self.metrics.upstream_error(attempt.replica.url, "mid_stream",
                                             attempt.decision.arm)
                 yield sse_error_event(exc.message)
+            state["ended"] = True
 
         async def cleanup() -> None:
             if state["done"]:
                 return
             state["done"] = True
             resp.abort()
+            if not state["ended"]:  # the client left mid-stream: the upstream is closed now
+                state["ok"] = False
+                self.metrics.client_disconnect("mid_stream")
+                mark_gone(scope)
             ttft = state["ttft"]
             self._finished(attempt, resp.status, t0,
                            ttft=ttft if isinstance(ttft, float) else None,

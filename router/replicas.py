@@ -4,7 +4,10 @@ Health is a small state machine per replica. Active probes GET ``/health`` every
 ``health_interval_s``; a replica is ejected after ``eject_after`` consecutive failures
 (failed probes, or requests that could not connect) and readmitted after ``readmit_after``
 consecutive good probes. Ejected replicas get no traffic; the router answers 503 when
-none is left.
+none is left. Failures seen on the request path (passive, outlier detection) never eject
+more than ``max_ejection_percent`` of the replicas (at least one may go, as in Envoy):
+past the cap the replica keeps its traffic until its own probes fail. Which failures
+count at all is ``router.failures``' verdict.
 
 Load: ``in_flight`` is counted by the router itself (exact, instant). Every
 ``scrape_interval_s`` the engine's own view is read from vLLM's Prometheus names
@@ -145,6 +148,7 @@ class ReplicaSet:
         readmit_after: int,
         scrape_interval_s: float,
         clock: Callable[[], float],
+        max_ejection_percent: float = 50.0,
         on_health_change: Callable[[Replica], None] | None = None,
     ):
         self.replicas = [Replica(id=u.rstrip("/"), url=u.rstrip("/")) for u in urls]
@@ -155,6 +159,7 @@ class ReplicaSet:
         self._eject_after = eject_after
         self._readmit_after = readmit_after
         self._scrape_interval_s = scrape_interval_s
+        self._max_ejection_percent = max_ejection_percent
         self._clock = clock
         self.on_health_change = on_health_change
         self._tasks: list[asyncio.Task[None]] = []
@@ -201,13 +206,22 @@ class ReplicaSet:
             if self.on_health_change is not None:
                 self.on_health_change(replica)
 
-    def record_failure(self, replica: Replica, error: str) -> None:
-        """A probe or a request could not reach the replica."""
+    def _may_eject(self) -> bool:
+        ejected = sum(not r.healthy for r in self.replicas)
+        cap = max(1, int(len(self.replicas) * self._max_ejection_percent / 100))
+        return ejected < cap
+
+    def record_failure(self, replica: Replica, error: str, *, from_probe: bool = False) -> None:
+        """A probe or a request could not reach the replica (or it failed a request)."""
         replica.fails += 1
         replica.goods = 0
         replica.last_error = error
-        if replica.fails >= self._eject_after:
-            self._set_health(replica, False)
+        if replica.fails >= self._eject_after and replica.healthy:
+            if from_probe or self._may_eject():
+                self._set_health(replica, False)
+            elif replica.fails == self._eject_after:
+                log.warning("replica %s not ejected: %g%% of the replicas are out already",
+                            replica.url, self._max_ejection_percent)
 
     def record_success(self, replica: Replica, *, from_probe: bool) -> None:
         replica.fails = 0
@@ -223,12 +237,12 @@ class ReplicaSet:
         try:
             status, _ = await self._upstream.get(replica.url + "/health", self._health_timeout_s)
         except UpstreamConnectError as exc:
-            self.record_failure(replica, str(exc))
+            self.record_failure(replica, str(exc), from_probe=True)
             return
         if status == 200:
             self.record_success(replica, from_probe=True)
         else:
-            self.record_failure(replica, f"/health answered {status}")
+            self.record_failure(replica, f"/health answered {status}", from_probe=True)
 
     async def scrape(self, replica: Replica) -> None:
         try:

@@ -2,7 +2,8 @@
 
     POST /v1/chat/completions, /v1/completions   the proxy (``router.proxy``)
     GET  /v1/models                              union of the healthy replicas' models
-    GET  /health, /ready                         liveness; readiness (503 with no replica)
+    GET  /health, /ready                         liveness; readiness (503 with no replica,
+                                                 or draining after SIGTERM: router.drain)
     GET  /metrics                                Prometheus text (``router.metrics``)
     GET  /replicas                               replica state and KV-event index status
     POST /index/lookup                           where the index believes a body's prefix is
@@ -22,6 +23,7 @@ carries ``Retry-After``).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from router.admin import PolicyAdmin, admin_routes
+from router.drain import Drain
 from router.errors import BadRequest, LmrouteError, NotFound, RateLimited
 from router.events import EngineEvents
 from router.gate import Gate
@@ -42,6 +45,8 @@ from router.openai_api import Endpoint, parse_request
 from router.openapi import openapi_document
 from router.proxy import Proxy
 from router.replicas import ReplicaSet
+
+log = logging.getLogger("lmroute.routes")
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -60,6 +65,7 @@ class Routes:
     admin: PolicyAdmin
     gate: Gate
     mode: str  # "token" or "text": how prompts are hashed
+    drain: Drain  # draining after SIGTERM: not ready, whatever the replicas
 
     async def chat(self, request: Request) -> Response:
         return await self.proxy.handle("chat", request)
@@ -77,6 +83,8 @@ class Routes:
 
     async def ready(self, request: Request) -> Response:
         n = sum(r.healthy for r in self.replicas.replicas)
+        if self.drain.draining:
+            return _json({"ready": False, "draining": True, "healthy_replicas": n}, 503)
         return _json({"ready": n > 0, "healthy_replicas": n}, 200 if n else 503)
 
     async def metrics_text(self, request: Request) -> Response:
@@ -153,8 +161,10 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> Response:
-    # The one top-level catch-all: a bug must still answer OpenAI-shaped JSON.
-    return _error_response(LmrouteError(f"internal router error: {exc!r}", code="internal"))
+    # The one top-level catch-all: a bug must still answer OpenAI-shaped JSON, and the
+    # traceback goes to the log, never to the client.
+    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return _error_response(LmrouteError("internal router error (logged)", code="internal"))
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -56,6 +56,10 @@ class Settings:
     eject_after: int = field(
         default=2, metadata={"help": "consecutive failed probes or requests that eject a replica"}
     )
+    max_ejection_percent: float = field(
+        default=50.0, metadata={"help": "most replicas (percent) request failures may eject "
+                                "(at least one); failed health probes eject regardless"}
+    )
     readmit_after: int = field(
         default=2, metadata={"help": "consecutive good probes that readmit an ejected replica"}
     )
@@ -66,7 +70,11 @@ class Settings:
         default="memory", metadata={"help": "prefix index: 'memory' or redis://host:port/db"}
     )
     index_lookup_timeout_s: float = field(
-        default=0.005, metadata={"help": "Redis lookup timeout; past it the local index answers"}
+        default=0.005, metadata={"help": "least Redis lookup timeout (it adapts: 4 x the recent "
+                                 "p99); past it the local index answers"}
+    )
+    index_lookup_timeout_max_s: float = field(
+        default=0.05, metadata={"help": "most the adaptive Redis lookup timeout may grow to"}
     )
     block_bytes: int = field(
         default=DEFAULT_BLOCK_BYTES,
@@ -153,7 +161,23 @@ class Settings:
         default=7 * 86400.0, metadata={"help": "how long a /v1/responses id is remembered "
                                        "(its replica, for GET/DELETE/cancel)"}
     )
-    log_level: str = field(default="warning", metadata={"help": "uvicorn log level"})
+    drain_grace_s: float = field(
+        default=5.0, metadata={"help": "on SIGTERM, /ready is 503 at once but requests are still "
+                               "served this long (the load balancer notices), then the "
+                               "listener closes"}
+    )
+    drain_timeout_s: float = field(
+        default=30.0, metadata={"help": "then in-flight requests (streams too) get this long to "
+                                "finish before they are cancelled and the process exits"}
+    )
+    log_level: str = field(default="warning", metadata={"help": "log level (router and uvicorn)"})
+    log_format: str = field(
+        default="plain", metadata={"help": "log lines: 'plain' (time level logger: message) or "
+                                   "'json' (one object per line)"}
+    )
+    access_log: bool = field(
+        default=True, metadata={"help": "one access-log line per request (--no-access-log: off)"}
+    )
 
 
 class SettingsError(ValueError):

@@ -73,12 +73,18 @@ class UpstreamResponse:
         return self.content_type.startswith("text/event-stream")
 
     async def read(self) -> bytes:
+        reused = False
         try:
-            return await self._resp.read()
+            body = await self._resp.read()
+            reused = self.status < 500  # a failing server's connection is not reused
+            return body
         except _CLIENT_ERRORS as exc:
             raise UpstreamStreamBroken(f"replica reply broke: {exc!r}") from exc
-        finally:
-            self._resp.release()
+        finally:  # also on cancellation (the client left): closing tells vLLM to abort
+            if reused:
+                self._resp.release()
+            else:
+                self._resp.close()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Yield body bytes as the replica sends them (no buffering, no re-framing)."""

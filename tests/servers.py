@@ -102,7 +102,8 @@ def replica(*extra: str, port: int | None = None) -> Server:
 
 def router(backends: list[str], *extra: str, port: int | None = None) -> Server:
     chosen = port or free_port()
-    args = ["serve", "--port", str(chosen)]
+    # No drain grace: test teardown (SIGTERM) stops the router at once.
+    args = ["serve", "--port", str(chosen), "--drain-grace-s", "0"]
     for b in backends:
         args += ["--backend", b]
     return Server([*args, *extra], chosen, name="router", repick_port=port is None)

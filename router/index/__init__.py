@@ -47,6 +47,7 @@ def open_index(
     monotonic: Callable[[], float] = time.monotonic,
     on_error: Callable[[str], None] | None = None,
     lookup_timeout_s: float = 0.005,
+    lookup_timeout_max_s: float = 0.05,
     block_tokens: int = DEFAULT_BLOCK_TOKENS,
     namespace: str = "lmroute",
 ) -> PrefixIndex:
@@ -60,5 +61,6 @@ def open_index(
 
     shared = RedisIndex(url, capacity, namespace=namespace, clock=clock, block_tokens=block_tokens)
     return ResilientIndex(
-        shared, local, clock=monotonic, on_error=on_error, lookup_timeout_s=lookup_timeout_s
+        shared, local, clock=monotonic, on_error=on_error, lookup_timeout_s=lookup_timeout_s,
+        lookup_timeout_max_s=lookup_timeout_max_s,
     )

@@ -1,9 +1,12 @@
 """A PrefixIndex that keeps answering when the shared one (Redis) is down or slow.
 
 Every record goes to a local ``MemoryIndex`` (the fallback) and to the primary (Redis);
-lookups ask the primary and fall back to local memory on an error or after
-``lookup_timeout_s`` (default 5 ms: a lookup on loopback Redis takes ~0.3 ms, so 5 ms
-means trouble, and a routing decision must not wait longer than a cheap miss costs).
+lookups ask the primary and fall back to local memory on an error or after the lookup
+timeout. The timeout adapts (``LookupTimeout``): ``timeout_multiple`` (4) x the p99 of
+the last ``window`` (512) lookups, clamped to [``lookup_timeout_s``, ``lookup_timeout_max_s``]
+(5-50 ms by default; a lookup on loopback Redis takes ~0.3 ms, but a busy machine's
+scheduling stalls made a fixed 5 ms fire spuriously). A timed-out lookup counts as a
+sample of the timeout itself, so a primary that really got slower raises the bound.
 Locality is a hint: a stale or partial view costs cache hits, never correctness, so no
 call ever raises because of the primary.
 
@@ -13,7 +16,11 @@ each open circuit sends lookups to the local view, which misses other routers' r
 While open, the primary is skipped entirely (no timeout paid per request) until a
 backoff expires: ``backoff_initial_s`` (0.5 s), doubling per consecutive failure up to
 ``backoff_max_s`` (30 s). The first call after that probes it; a success closes the
-circuit and resets the backoff (redis-py reconnects on that call). Records made while
+circuit and resets the backoff (redis-py reconnects on that call). Beside that, while the
+circuit is open an active probe (``warm()``: PING and the scripts) runs every
+``probe_interval_s`` (0.25 s), so a returning Redis is used again within about that,
+not after a backoff of up to 30 s. ``degraded`` says whether the circuit is open
+(exported as ``lmroute_index_degraded``); each change is logged. Records made while
 the primary was skipped live only in local memory: after a Redis restart the shared view
 starts cold, which is honest.
 
@@ -26,12 +33,38 @@ seconds) drives the backoff and is injected so tests control it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 
 from policies.base import ReplicaId, Residency, Tier
 from router.index.base import BlockKey, IndexUnavailable, PrefixIndex, check_record
+
+log = logging.getLogger("lmroute.index")
+
+
+class LookupTimeout:
+    """``multiple`` x the p99 of the last ``window`` lookup times, within [floor, ceiling]."""
+
+    def __init__(self, floor_s: float, ceiling_s: float, multiple: float = 4.0,
+                 window: int = 512) -> None:
+        self.floor_s = floor_s
+        self.ceiling_s = max(ceiling_s, floor_s)
+        self.multiple = multiple
+        self._samples: deque[float] = deque(maxlen=window)
+        self._since_update = 0
+        self.value_s = floor_s
+
+    def observe(self, seconds: float) -> None:
+        self._samples.append(seconds)
+        self._since_update += 1
+        if self._since_update >= 32:  # re-sorting the window on every lookup costs too much
+            self._since_update = 0
+            ordered = sorted(self._samples)
+            p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+            self.value_s = min(self.ceiling_s, max(self.floor_s, self.multiple * p99))
 
 
 class ResilientIndex:
@@ -45,6 +78,8 @@ class ResilientIndex:
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[str], None] | None = None,
         lookup_timeout_s: float = 0.005,
+        lookup_timeout_max_s: float = 0.05,
+        probe_interval_s: float = 0.25,
         write_timeout_s: float = 0.05,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
@@ -55,7 +90,9 @@ class ResilientIndex:
         self.errors: Counter[str] = Counter()
         self._clock = clock
         self._on_error = on_error
-        self._lookup_timeout_s = lookup_timeout_s
+        self.lookup_timeout = LookupTimeout(lookup_timeout_s, lookup_timeout_max_s)
+        self._probe_interval_s = probe_interval_s
+        self._probe: asyncio.Task[None] | None = None
         self._write_timeout_s = write_timeout_s
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
@@ -83,23 +120,50 @@ class ResilientIndex:
         self._slow = 0
         if self._retry_at is not None:
             self._backoff_s = min(self._backoff_s * 2, self._backoff_max_s)
+        else:
+            log.warning("index degraded (%s): lookups answered from local memory", kind)
+            self._start_probe()
         self._retry_at = self._clock() + self._backoff_s
 
     def _succeeded(self) -> None:
         self._slow = 0
+        if self._retry_at is not None:
+            log.warning("index back: the shared index answers again")
         self._retry_at = None
         self._backoff_s = self._backoff_initial_s
 
+    def _start_probe(self) -> None:
+        if self._probe_interval_s > 0 and self._probe is None:
+            self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
+
+    async def _probe_loop(self) -> None:
+        """While degraded, ask the primary every ``probe_interval_s``; close on an answer."""
+        try:
+            while self._retry_at is not None:
+                await asyncio.sleep(self._probe_interval_s)
+                try:
+                    async with asyncio.timeout(max(0.25, self._write_timeout_s)):
+                        await self.primary.warm()
+                except (TimeoutError, IndexUnavailable):
+                    continue
+                self._succeeded()
+        finally:
+            self._probe = None
+
     async def lookup(self, chain: Sequence[BlockKey]) -> Residency:
         if chain and self._primary_open():
+            timeout_s = self.lookup_timeout.value_s
+            t0 = time.perf_counter()
             try:
-                async with asyncio.timeout(self._lookup_timeout_s):
+                async with asyncio.timeout(timeout_s):
                     residency = await self.primary.lookup(chain)
             except TimeoutError:
+                self.lookup_timeout.observe(timeout_s)
                 self._failed("lookup_timeout")
             except IndexUnavailable:
                 self._failed("lookup_error")
             else:
+                self.lookup_timeout.observe(time.perf_counter() - t0)
                 self._succeeded()
                 return residency
         return await self.fallback.lookup(chain)
@@ -159,5 +223,9 @@ class ResilientIndex:
             self._succeeded()
 
     async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
         await self.fallback.close()
         await self.primary.close()

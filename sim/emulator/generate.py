@@ -81,7 +81,7 @@ class Generating:
         ids = tokenize_text(render_chat(messages))
         n = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 16
         plan = await self.replica._prefill(ids, n, None)
-        self.replica._done_callback(ids, n)()
+        self.replica._done_callback(ids, n)("length")
         return ids, reply_words(ids, n), plan.tpot_s * self.replica.time_scale
 
     # -- /v1/responses -------------------------------------------------------------------

@@ -18,8 +18,11 @@ Replies are deterministic (``sim.emulator.tokens``): two replicas answer one pro
 Faults (POST /_emulator/faults, JSON, all optional; ``{}`` clears them):
 ``http_status`` answers every completion with that status; ``health_status`` makes
 /health answer it; ``break_after_chunks`` drops the connection after that many SSE
-chunks; ``corrupt_pool`` makes every reply that loaded KV from the shared pool differ
-from the true one (the study's corrupted-copy bug class, for validation tools to catch).
+chunks; ``poison`` (a string) makes a completion whose body contains it answer a
+plain-text ``500 Internal Server Error``, as an engine's server does on an exception it did
+not catch (a "poison" request: every replica fails it); ``corrupt_pool`` makes every reply
+that loaded KV from the shared pool differ from the true one (the study's corrupted-copy
+bug class, for validation tools to catch).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from router.disconnect import ClientGone, unless_gone
 from router.openai_api import lax_bool
 from sim.emulator.engine import ConstantEngine, Engine, TokenSchedule
 from sim.emulator.metrics import ReplicaMetrics
@@ -53,9 +57,10 @@ class Faults:
     health_status: int | None = None
     break_after_chunks: int | None = None
     corrupt_pool: bool = False
+    poison: str | None = None
 
 
-_FAULT_KEYS = ("http_status", "health_status", "break_after_chunks", "corrupt_pool")
+_FAULT_KEYS = ("http_status", "health_status", "break_after_chunks", "corrupt_pool", "poison")
 
 
 class BrokenStream(Exception):
@@ -150,8 +155,11 @@ class EmulatedReplica:
         return wanted
 
     async def completion(self, request: Request, endpoint: str) -> Response:
+        raw = await request.body()
+        if self.faults.poison and self.faults.poison.encode() in raw:
+            return Response(b"Internal Server Error", status_code=500, media_type="text/plain")
         try:
-            body = orjson.loads(await request.body())
+            body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return _error(400, "invalid JSON body")
         refused = self._admissible(body, endpoint)
@@ -175,8 +183,12 @@ class EmulatedReplica:
             chunks = self._chunks(endpoint, rid, words, plan, usage if opts.get("include_usage")
                                   else None, done)
             return StreamingResponse(chunks, media_type="text/event-stream")
-        await asyncio.sleep(plan.tpot_s * self.time_scale * max(0, len(words) - 1))
-        done()
+        try:
+            await asyncio.sleep(plan.tpot_s * self.time_scale * max(0, len(words) - 1))
+        except asyncio.CancelledError:
+            done("abort")
+            raise
+        done("length")
         text = "".join(words)
         choice: dict[str, Any]
         if endpoint == "chat":
@@ -202,10 +214,20 @@ class EmulatedReplica:
                                                   plan.on_first_token)
         self._lbl(m.kv_usage).set(self.engine.kv_usage())
         self._lbl(m.waiting).inc()
-        await asyncio.sleep(plan.queue_s * self.time_scale)
+        try:
+            await asyncio.sleep(plan.queue_s * self.time_scale)
+        except asyncio.CancelledError:  # the client left while queued: vLLM aborts it
+            self._lbl(m.waiting).dec()
+            m.requests.labels(**self._labels, finished_reason="abort").inc()
+            raise
         self._lbl(m.waiting).dec()
         self._lbl(m.running).inc()
-        await asyncio.sleep((plan.ttft_s - plan.queue_s) * self.time_scale)
+        try:
+            await asyncio.sleep((plan.ttft_s - plan.queue_s) * self.time_scale)
+        except asyncio.CancelledError:
+            self._lbl(m.running).dec()
+            m.requests.labels(**self._labels, finished_reason="abort").inc()
+            raise
         gpu_hit = plan.cached_tokens - plan.pool_hit_tokens
         self._lbl(m.prompt_tokens).inc(len(ids))
         self._lbl(m.prompt_tokens_cached).inc(plan.cached_tokens)
@@ -217,26 +239,28 @@ class EmulatedReplica:
         self._lbl(m.queue_time).observe(plan.queue_s * self.time_scale)
         return plan
 
-    def _done_callback(self, ids: list[int], n_out: int) -> Callable[[], None]:
+    def _done_callback(self, ids: list[int], n_out: int) -> Callable[[str], None]:
+        """``done(reason)`` ends the request once: ``length``, or ``abort`` (client gone)."""
         state = {"done": False}
 
-        def done() -> None:
+        def done(reason: str) -> None:
             if state["done"]:
                 return
             state["done"] = True
             self._lbl(self.metrics.running).dec()
             self._lbl(self.metrics.generation_tokens).inc(n_out)
-            self.metrics.requests.labels(**self._labels, finished_reason="length").inc()
+            self.metrics.requests.labels(**self._labels, finished_reason=reason).inc()
             self._lbl(self.metrics.kv_usage).set(self.engine.kv_usage())
 
         return done
 
     async def _chunks(self, endpoint: str, rid: str, words: list[str], plan: TokenSchedule,
-                      usage: dict[str, Any] | None, done: Callable[[], None]
+                      usage: dict[str, Any] | None, done: Callable[[str], None]
                       ) -> AsyncIterator[bytes]:
         created = self._created()
         obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
         base = {"id": rid, "object": obj, "created": created, "model": self.model}
+        finished = False
         try:
             if endpoint == "chat":
                 yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant",
@@ -258,8 +282,9 @@ class EmulatedReplica:
             if usage is not None:
                 yield _sse({**base, "choices": [], "usage": usage})
             yield b"data: [DONE]\n\n"
+            finished = True
         finally:
-            done()
+            done("length" if finished else "abort")
 
     async def models(self, request: Request) -> Response:
         return Response(orjson.dumps({"object": "list", "data": [{
@@ -304,12 +329,22 @@ def _error(status: int, message: str, type_: str = "BadRequestError") -> Respons
                     status_code=status, media_type="application/json")
 
 
+async def _abortable(request: Request, endpoint: str, replica: EmulatedReplica) -> Response:
+    """Like vLLM's ``with_cancellation``: a client that disconnects before the reply
+    starts cancels the handler (the request is counted ``finished_reason="abort"``)."""
+    await request.body()  # cached: the watcher below only ever sees the disconnect
+    try:
+        return await unless_gone(replica.completion(request, endpoint), request.receive)
+    except ClientGone:
+        return Response(status_code=499)
+
+
 def create_replica_app(replica: EmulatedReplica) -> Starlette:
     async def chat(request: Request) -> Response:
-        return await replica.completion(request, "chat")
+        return await _abortable(request, "chat", replica)
 
     async def completions(request: Request) -> Response:
-        return await replica.completion(request, "completions")
+        return await _abortable(request, "completions", replica)
 
     from sim.emulator.generate import Generating
     from sim.emulator.surface import ReplicaSurface
