@@ -19,6 +19,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import asyncio
 import json
 import random
@@ -57,26 +58,26 @@ def bodies(n: int, sessions: int, stream_every: int, seed: int) -> list[dict[str
     return out
 
 
-async def send_all(url: str, work: list[dict[str, Any]], concurrency: int) -> int:
-    """Send every body; the number that failed."""
+async def send_all(url: str, work: list[dict[str, Any]], concurrency: int) -> Counter[str]:
+    """Send every body; what failed, counted by status and the start of the error."""
     queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     for body in work:
         queue.put_nowait(body)
-    failed = 0
+    failed: Counter[str] = Counter()
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
 
         async def worker() -> None:
-            nonlocal failed
             while not queue.empty():
                 body = queue.get_nowait()
                 try:
                     r = await client.post(url, json=body)
-                    ok = r.status_code == 200 and (not body["stream"]
-                                                   or r.text.endswith("data: [DONE]\n\n"))
-                except httpx.HTTPError:
-                    ok = False
-                failed += not ok
+                    if r.status_code != 200:
+                        failed[f"{r.status_code} {r.text[:160]}"] += 1
+                    elif body["stream"] and not r.text.endswith("data: [DONE]\n\n"):
+                        failed["stream without [DONE]: " + r.text[-160:]] += 1
+                except httpx.HTTPError as exc:
+                    failed[f"{type(exc).__name__}: {str(exc)[:160]}"] += 1
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return failed
@@ -113,7 +114,8 @@ def main() -> int:
         for s in reversed(started):
             s.stop()
     result = {"requests": args.requests, "concurrency": args.concurrency,
-              "replicas": args.replicas, "failed": failed,
+              "replicas": args.replicas, "failed": sum(failed.values()),
+              "errors": dict(failed.most_common(10)),
               "req_per_s": round(args.requests / elapsed, 1),
               "router_rss_kib_before": before, "router_rss_kib_after": after,
               "rss_bytes_per_request": round((after - before) * 1024 / args.requests, 1)}
@@ -121,7 +123,7 @@ def main() -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 1 if failed else 0
+    return 1 if result["failed"] else 0
 
 
 if __name__ == "__main__":
