@@ -19,12 +19,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 import asyncio
 import json
 import random
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
