@@ -316,20 +316,10 @@ def test_emulated_replica_events_index_its_prompt(start_servers: Any) -> None:
                               KvIngest(index, _model_of_sim(server.url), block_tokens=16,
                                        max_blocks=10_000))
         events.start()
-        prompt = "The shared pool keeps prefixes of long documents. " * 8
-        async with httpx.AsyncClient(timeout=10) as client:
-            try:
-                async with asyncio.timeout(10):
-                    while not events.precise(server.url):  # SUB joins asynchronously
-                        body = {"model": "emulated-27b", "prompt": prompt, "max_tokens": 1}
-                        await client.post(server.url + "/v1/completions", json=body)
-                        prompt += " more"
-                        await asyncio.sleep(0.2)
-                ids: list[int] = (await client.post(server.url + "/tokenize",
-                                                    json={"prompt": prompt})).json()["tokens"]
-            finally:
-                await events.stop()
-        return ids
+        try:
+            return await send_until_precise(events, server.url)
+        finally:
+            await events.stop()
 
     ids = asyncio.run(run())
     # The last prompt sent carried " more" once less than the one tokenized here.
@@ -337,6 +327,23 @@ def test_emulated_replica_events_index_its_prompt(start_servers: Any) -> None:
     found = index.lookup_now(chain)
     assert found.gpu_blocks(server.url) >= len(chain) - 1 >= 5
     assert found.pool >= len(chain) - 1
+
+
+async def send_until_precise(events: EngineEvents, url: str) -> list[int]:
+    """Send ever longer prompts to the emulated replica at ``url`` until ``events`` is
+    precise for it (its SUB socket joins asynchronously); the last prompt's token ids, from
+    the replica's /tokenize (the last prompt sent had one " more" less)."""
+    prompt = "The shared pool keeps prefixes of long documents. " * 8
+    async with httpx.AsyncClient(timeout=10) as client:
+        async with asyncio.timeout(10):
+            while not events.precise(url):
+                body = {"model": "emulated-27b", "prompt": prompt, "max_tokens": 1}
+                await client.post(url + "/v1/completions", json=body)
+                prompt += " more"
+                await asyncio.sleep(0.2)
+        reply = await client.post(url + "/tokenize", json={"prompt": prompt})
+    ids: list[int] = reply.json()["tokens"]
+    return ids
 
 
 def _model_of_sim(url: str) -> Any:

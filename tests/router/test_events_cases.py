@@ -20,7 +20,7 @@ import zmq
 from servers import replica
 from servers import router as router_server
 from servers_redis import free_port
-from test_events import IDS, ROOT, Publisher, make_tokenizer, stores
+from test_events import IDS, ROOT, Publisher, make_tokenizer, send_until_precise, stores
 
 from policies.base import Tier
 from router.events import EngineEvents, KvIngest, parse_sources
@@ -241,20 +241,11 @@ def test_emulated_replica_with_cpu_offload_indexes_it_as_its_own(start_servers: 
         ingest = KvIngest(index, _model_of_sim, block_tokens=16, max_blocks=10_000)
         events = EngineEvents(parse_sources([server.url], [endpoint]), ingest)
         events.start()
-        prompt = "The shared pool keeps prefixes of long documents. " * 8
-        async with httpx.AsyncClient(timeout=10) as client:
-            try:
-                async with asyncio.timeout(10):
-                    while not events.precise(server.url):  # SUB joins asynchronously
-                        body = {"model": "emulated-27b", "prompt": prompt, "max_tokens": 1}
-                        await client.post(server.url + "/v1/completions", json=body)
-                        prompt += " more"
-                        await asyncio.sleep(0.2)
-                reply = await client.post(server.url + "/tokenize", json={"prompt": prompt})
-            finally:
-                await events.stop()
+        try:
+            ids = await send_until_precise(events, server.url)
+        finally:
+            await events.stop()
         assert ingest.tracker(server.url, local=True).held_keys()  # the CPU tier was seen
-        ids: list[int] = reply.json()["tokens"]
         return ids
 
     chain = token_chain(asyncio.run(run()), root_key("emulated-27b"), 16)
