@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,6 +51,10 @@ from router.upstream import Upstream
 
 log = logging.getLogger("lmroute.membership")
 DNS_PREFIX = "dns+"
+# A replica URL: http(s), an ASCII host name or address (IPv6 in brackets), an optional
+# port and path; no query, fragment, user info, spaces or control characters.
+_REPLICA_URL = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*)"
+                          r"(:[0-9]{1,5})?(/[!-\"$-~]*)?")
 
 
 def split_backends(backends: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -58,12 +63,29 @@ def split_backends(backends: Sequence[str]) -> tuple[list[str], list[str]]:
             [b for b in backends if b.startswith(DNS_PREFIX)])
 
 
+def replica_url(url: str) -> str | None:
+    """``url`` without its trailing ``/`` if it is a replica URL the router can use, else
+    None (the admin API answers 400; a file's line is skipped)."""
+    if not _REPLICA_URL.fullmatch(url) or "?" in url:
+        return None
+    try:
+        port = urlsplit(url).port
+    except ValueError:  # a port above 65535, or an IPv6 literal urllib rejects
+        return None
+    return url.rstrip("/") if port is None or port > 0 else None
+
+
 def read_backends_file(path: str) -> list[str]:
     out = []
     for line in Path(path).read_text().splitlines():
-        url = line.split("#", 1)[0].strip()
-        if url:
-            out.append(url.rstrip("/"))
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        url = replica_url(text)
+        if url is None:
+            log.warning("--backends-file %s: not a replica URL, skipped: %r", path, text)
+        else:
+            out.append(url)
     return out
 
 
