@@ -21,7 +21,7 @@ from policies.base import Policy
 from policies.split import parse_policy_ref
 from router.admin import PolicyAdmin
 from router.drain import Drain
-from router.events import EngineEvents, KvIngest, parse_sources
+from router.events import EngineEvents, EventConfig, KvIngest
 from router.gate import Gate
 from router.index import PrefixIndex, open_index
 from router.locator import Locator, capacity_from_bytes
@@ -88,8 +88,12 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     # Token mode hashes the engine's token ids; text mode about four bytes of text per token.
     tokenizer = ChatTokenizer.from_dir(settings.tokenizer) if settings.tokenizer else None
     block_tokens = settings.block_tokens if tokenizer else settings.block_bytes // 4
-    sources = parse_sources(settings.backends, settings.kv_events, settings.kv_events_replay)
-    if sources and tokenizer is None:
+    # Replicas may join at run time (admin API, file, DNS): they get sources from the config.
+    dynamic = bool(settings.admin_key or settings.backends_file or dns)
+    config = EventConfig.parse(settings.backends, settings.kv_events, settings.kv_events_replay,
+                               dynamic=dynamic)
+    sources = [s for b in settings.backends for s in config.sources_for(b)]
+    if config.enabled and tokenizer is None:
         raise ValueError("--kv-events needs --tokenizer: event keys are token-mode keys")
     index = _index(settings, block_tokens, metrics)
     metrics.watch_index(index)
@@ -97,7 +101,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     ingest = KvIngest(index, served, block_tokens=block_tokens,
                       max_blocks=settings.kv_events_max_blocks, on_error=metrics.index_error,
                       local_media=settings.kv_events_local_media)
-    events = EngineEvents(sources, ingest, topic=settings.kv_events_topic)
+    events = EngineEvents(sources, ingest, topic=settings.kv_events_topic, config=config)
     locator = Locator(index, metrics, block_bytes=settings.block_bytes,
                       pool_write_through=settings.pool_write_through and settings.pool_bytes > 0,
                       tokenizer=tokenizer, block_tokens=block_tokens, precise=events.precise,
@@ -110,6 +114,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     gate = _gate(settings, replicas)
     surface = Surface.build(settings, proxy=proxy, replicas=replicas, upstream=upstream,
                             gate=gate, dns=dns)
+    surface.membership.watchers.append(events)  # joining replicas get KV-event subscribers
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

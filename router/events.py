@@ -56,13 +56,14 @@ import zmq
 import zmq.asyncio
 
 from policies.base import ReplicaId, Tier
-from router.event_sources import EventSource, parse_sources
+from router.event_sources import EventConfig, EventSource, parse_sources
 from router.index import IndexUnavailable, PrefixIndex
 from router.kv_blocks import ChainTracker, Cleared, Removed, Stored, decode_payload, root_salt
 from router.prefix import BlockKey, root_key
 from router.tasks import cancel_all
 
-__all__ = ["EngineEvents", "EventSource", "KvIngest", "parse_sources", "placement"]
+__all__ = ["EngineEvents", "EventConfig", "EventSource", "KvIngest", "parse_sources",
+           "placement"]
 log = logging.getLogger("lmroute.events")
 LOCAL_MEDIA = ("CPU",)  # vLLM's OffloadingConnector to CPU: the engine's own memory
 _LOCAL = frozenset({"local", "replica", "instance", "node"})
@@ -155,6 +156,11 @@ class KvIngest:
     def _unheld(self, replica: ReplicaId, keys: Sequence[BlockKey]) -> list[BlockKey]:
         scopes = list(self._scopes.get(replica, {}).values())
         return [k for k in keys if not any(t.holds(k) for t in scopes)]
+
+    def drop(self, replica: ReplicaId) -> None:
+        """Forget a replica's trackers (it left the set; the index forgets it too)."""
+        for tracker in self._scopes.pop(replica, {}).values():
+            tracker.clear()
 
     async def forget(self, replica: ReplicaId, rank: int | None = None) -> None:
         """Drop one rank's scopes (restart, gap, cleared), or the whole replica."""
@@ -306,20 +312,43 @@ class Subscriber:
 
 
 class EngineEvents:
-    """All subscribers of one router; owned by the app's lifespan."""
+    """All subscribers of one router; owned by the app's lifespan.
+
+    The static replicas' sources are given at construction; a replica joining at run time
+    gets its own from ``config`` (``joined``), and one leaving has its subscribers stopped
+    and what its events put in the trackers dropped (``left``; the membership then makes
+    the index forget the replica).
+    """
 
     def __init__(self, sources: Sequence[EventSource], ingest: KvIngest, *, topic: str = "",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 config: EventConfig | None = None) -> None:
         self.ingest = ingest
-        self._sources = list(sources)
+        self.config = config
         self._topic = topic
         self._clock = clock
         self.ranks: dict[ReplicaId, list[SourceState]] = {}
-        for source in self._sources:
-            self.ranks.setdefault(source.replica, []).append(SourceState(source))
-        self.states = {replica: ranks[0] for replica, ranks in self.ranks.items()}  # rank 0
+        self.states: dict[ReplicaId, SourceState] = {}  # rank 0's
         self._ctx: zmq.asyncio.Context | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[ReplicaId, list[asyncio.Task[None]]] = {}
+        self._add(sources)
+
+    def _add(self, sources: Sequence[EventSource]) -> list[SourceState]:
+        added = [SourceState(source) for source in sources]
+        for state in added:
+            self.ranks.setdefault(state.source.replica, []).append(state)
+            self.states.setdefault(state.source.replica, state)
+        return added
+
+    def _subscribe(self, states: Sequence[SourceState]) -> None:
+        if not states:
+            return
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+        for state in states:
+            sub = Subscriber(self._ctx, state, self.ingest, self._topic)
+            self._tasks.setdefault(state.source.replica, []).append(
+                asyncio.create_task(sub.run()))
 
     def precise(self, replica: ReplicaId) -> bool:
         return any(state.batches > 0 for state in self.ranks.get(replica, ()))
@@ -338,15 +367,31 @@ class EngineEvents:
         return out
 
     def start(self) -> None:
-        if not self._sources:
+        self._subscribe([s for ranks in self.ranks.values() for s in ranks])
+
+    def joined(self, replica: ReplicaId) -> None:
+        """A replica joined at run time: subscribe to its publishers (from ``config``)."""
+        if self.config is None or replica in self.ranks:
             return
-        self._ctx = zmq.asyncio.Context()
-        for state in (s for ranks in self.ranks.values() for s in ranks):
-            sub = Subscriber(self._ctx, state, self.ingest, self._topic)
-            self._tasks.append(asyncio.create_task(sub.run()))
+        try:
+            sources = self.config.sources_for(replica)
+        except ValueError as exc:  # a template that gives this URL no valid port
+            log.warning("replica %s: no KV-event source: %s", replica, exc)
+            return
+        self._subscribe(self._add(sources))
+
+    async def left(self, replica: ReplicaId) -> None:
+        """A replica left: stop its subscribers, drop its trackers (the index entries are
+        the membership's to forget, after this)."""
+        await cancel_all(self._tasks.pop(replica, []))
+        self.ranks.pop(replica, None)
+        self.states.pop(replica, None)
+        self.ingest.drop(replica)
 
     async def stop(self) -> None:
-        await cancel_all(self._tasks)
+        for tasks in self._tasks.values():
+            await cancel_all(tasks)
+        self._tasks.clear()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
