@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from policies.base import ReplicaId
@@ -176,3 +176,31 @@ def parse_sources(backends: Sequence[str], kv_events: Sequence[str],
     the static ``backends`` (a replica joining later: ``EventConfig.sources_for``)."""
     config = EventConfig.parse(backends, kv_events, replay)
     return [s for b in backends for s in config.sources_for(b)]
+
+
+@dataclass(slots=True)
+class SourceState:
+    """Counters and sequence state of one publisher, shown in ``/replicas``."""
+
+    source: EventSource
+    last_seq: int | None = None
+    batches: int = 0
+    restarts: int = 0
+    gaps: int = 0
+    replayed: int = 0
+    cleared: int = 0
+    malformed: int = 0
+    blocks_stored: int = 0
+    blocks_removed: int = 0
+    last_batch_at: float | None = None
+    group_idx: int | None = field(default=None)
+
+    def as_json(self, now: float) -> dict[str, object]:
+        age = None if self.last_batch_at is None else round(now - self.last_batch_at, 3)
+        return {
+            "endpoint": self.source.endpoint, "replay": self.source.replay, "rank": self.source.rank,
+            "last_seq": self.last_seq, "batches": self.batches, "restarts": self.restarts,
+            "gaps": self.gaps, "replayed": self.replayed, "cleared": self.cleared,
+            "malformed": self.malformed, "blocks_stored": self.blocks_stored,
+            "blocks_removed": self.blocks_removed, "last_batch_age_s": age,
+        }

@@ -31,8 +31,9 @@ vs anything else), when present, decides the rest; else a medium in ``local_medi
 and any other (LMCache's "cpu", storage) the shared pool, tracked in one tracker shared
 by all replicas (its hashes are content addressed). A replica-local block counts as that
 replica's cached prefix (index tier GPU; no load cost is modelled) and never as the
-pool's, so other replicas do not see it. Each replica has one tracker per (DP rank,
-local) scope; a removal evicts only keys no other scope of the replica holds whole.
+pool's, so other replicas do not see it. vLLM's offload stores name GPU blocks without
+their tokens (by default): they are keyed from the replica's GPU scope
+(``ChainTracker.adopt``). Each replica has one tracker per (DP rank, local) scope; a removal evicts only keys no other scope of the replica holds whole.
 ``AllBlocksCleared`` (``/reset_prefix_cache``; vLLM publishes it with its next engine
 step), a restart or an unfilled gap drop that rank's scopes (the whole replica when
 nothing else of it is tracked). Keys are rooted in ``root_key(model, salt, lora_name)``
@@ -50,13 +51,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
 
 from policies.base import ReplicaId, Tier
-from router.event_sources import EventConfig, EventSource, parse_sources
+from router.event_sources import EventConfig, EventSource, SourceState, parse_sources
 from router.index import IndexUnavailable, PrefixIndex
 from router.kv_blocks import ChainTracker, Cleared, Removed, Stored, decode_payload, root_salt
 from router.prefix import BlockKey, root_key
@@ -82,34 +82,6 @@ def replay_frames(frames: Sequence[bytes]) -> tuple[int, bytes] | None:
     if len(frames) == 3 and len(frames[1]) == 8:
         return int.from_bytes(frames[1], "big", signed=True), frames[2]
     return None
-
-
-@dataclass(slots=True)
-class SourceState:
-    """Counters and sequence state of one publisher, shown in ``/replicas``."""
-
-    source: EventSource
-    last_seq: int | None = None
-    batches: int = 0
-    restarts: int = 0
-    gaps: int = 0
-    replayed: int = 0
-    cleared: int = 0
-    malformed: int = 0
-    blocks_stored: int = 0
-    blocks_removed: int = 0
-    last_batch_at: float | None = None
-    group_idx: int | None = field(default=None)
-
-    def as_json(self, now: float) -> dict[str, object]:
-        age = None if self.last_batch_at is None else round(now - self.last_batch_at, 3)
-        return {
-            "endpoint": self.source.endpoint, "replay": self.source.replay, "rank": self.source.rank,
-            "last_seq": self.last_seq, "batches": self.batches, "restarts": self.restarts,
-            "gaps": self.gaps, "replayed": self.replayed, "cleared": self.cleared,
-            "malformed": self.malformed, "blocks_stored": self.blocks_stored,
-            "blocks_removed": self.blocks_removed, "last_batch_age_s": age,
-        }
 
 
 def placement(event: Stored | Removed, local_media: Sequence[str] = LOCAL_MEDIA) -> str:
@@ -197,6 +169,8 @@ class KvIngest:
                     state.group_idx = event.group_idx
                 if event.group_idx not in (None, state.group_idx):
                     continue
+                if where == "local" and await self._adopted(state, event):
+                    continue
                 salt, keyable = root_salt(event)
                 if not keyable:
                     tracker.unresolved += len(event.hashes)
@@ -215,6 +189,17 @@ class KvIngest:
                 keys = tracker.remove(event.hashes)
                 keys = keys if pool else self._unheld(replica, keys)
                 await self._write(self.index.evict(keys, tier, who) if keys else None)
+
+    async def _adopted(self, state: SourceState, event: Stored) -> bool:
+        """A CPU-offload store of blocks the replica's GPU scope has keyed (vLLM's offload
+        events carry no token ids by default): held in its local scope from those keys."""
+        replica, rank = state.source.replica, state.source.rank
+        keys = self.tracker(replica, rank, True).adopt(self.tracker(replica, rank), event)
+        if keys is None:
+            return False
+        state.blocks_stored += len(event.hashes)
+        await self._write(self.index.record(keys, Tier.GPU, replica) if keys else None)
+        return True
 
     async def _write(self, call: Awaitable[None] | None) -> None:
         if call is None:
