@@ -33,7 +33,8 @@ by all replicas (its hashes are content addressed). A replica-local block counts
 replica's cached prefix (index tier GPU; no load cost is modelled) and never as the
 pool's, so other replicas do not see it. vLLM's offload stores name GPU blocks without
 their tokens (by default): they are keyed from the replica's GPU scope
-(``ChainTracker.adopt``). Each replica has one tracker per (DP rank, local) scope; a removal evicts only keys no other scope of the replica holds whole.
+(``ChainTracker.adopt``). Each replica has one tracker per (DP rank, local) scope; a
+removal evicts only keys no other scope of the replica holds whole.
 ``AllBlocksCleared`` (``/reset_prefix_cache``; vLLM publishes it with its next engine
 step), a restart or an unfilled gap drop that rank's scopes (the whole replica when
 nothing else of it is tracked). Keys are rooted in ``root_key(model, salt, lora_name)``
