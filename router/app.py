@@ -75,6 +75,17 @@ def _gate(settings: Settings, replicas: ReplicaSet) -> Gate:
                 max_body_bytes=settings.max_body_bytes, replica_names=names)
 
 
+def _events(settings: Settings, config: EventConfig, index: PrefixIndex, upstream: Upstream,
+            metrics: RouterMetrics, block_tokens: int) -> EngineEvents:
+    """The KV-event subscribers: the static replicas' now, joining ones' from ``config``."""
+    served = ServedModels(upstream, settings.health_timeout_s, settings.served_model)
+    ingest = KvIngest(index, served, block_tokens=block_tokens,
+                      max_blocks=settings.kv_events_max_blocks, on_error=metrics.index_error,
+                      local_media=settings.kv_events_local_media)
+    sources = [s for b in settings.backends for s in config.sources_for(b)]
+    return EngineEvents(sources, ingest, topic=settings.kv_events_topic, config=config)
+
+
 def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     """Build the router app for ``settings``; nothing starts until the lifespan runs."""
     if not settings.backends and not settings.backends_file:
@@ -89,19 +100,13 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     tokenizer = ChatTokenizer.from_dir(settings.tokenizer) if settings.tokenizer else None
     block_tokens = settings.block_tokens if tokenizer else settings.block_bytes // 4
     # Replicas may join at run time (admin API, file, DNS): they get sources from the config.
-    dynamic = bool(settings.admin_key or settings.backends_file or dns)
     config = EventConfig.parse(settings.backends, settings.kv_events, settings.kv_events_replay,
-                               dynamic=dynamic)
-    sources = [s for b in settings.backends for s in config.sources_for(b)]
+                               dynamic=bool(settings.admin_key or settings.backends_file or dns))
     if config.enabled and tokenizer is None:
         raise ValueError("--kv-events needs --tokenizer: event keys are token-mode keys")
     index = _index(settings, block_tokens, metrics)
     metrics.watch_index(index)
-    served = ServedModels(upstream, settings.health_timeout_s, settings.served_model)
-    ingest = KvIngest(index, served, block_tokens=block_tokens,
-                      max_blocks=settings.kv_events_max_blocks, on_error=metrics.index_error,
-                      local_media=settings.kv_events_local_media)
-    events = EngineEvents(sources, ingest, topic=settings.kv_events_topic, config=config)
+    events = _events(settings, config, index, upstream, metrics, block_tokens)
     locator = Locator(index, metrics, block_bytes=settings.block_bytes,
                       pool_write_through=settings.pool_write_through and settings.pool_bytes > 0,
                       tokenizer=tokenizer, block_tokens=block_tokens, precise=events.precise,
