@@ -115,7 +115,8 @@ class Settings:
                               "aligned with --backend order, or BACKEND_URL=tcp://HOST:PORT; "
                               "'bind:' before the endpoint binds it (the engine connects); a "
                               "data-parallel replica's ranks joined with '+' or as a port range "
-                              "tcp://HOST:5557..5560"}
+                              "tcp://HOST:5557..5560; '*=tcp://{host}:5557' (also {port}, "
+                              "{port+N}) for every replica not named, joining ones included"}
     )
     kv_events_replay: tuple[str, ...] = field(
         default=(), metadata={"help": "their replay endpoints, same form (asked on a sequence gap)"}
