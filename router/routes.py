@@ -43,6 +43,7 @@ from router.locator import Locator
 from router.metrics import RouterMetrics
 from router.openai_api import Endpoint, parse_request
 from router.openapi import openapi_document
+from router.pin import pin_url, pinned_prepare
 from router.proxy import Proxy
 from router.replicas import ReplicaSet
 
@@ -68,10 +69,18 @@ class Routes:
     drain: Drain  # draining after SIGTERM: not ready, whatever the replicas
 
     async def chat(self, request: Request) -> Response:
-        return await self.proxy.handle("chat", request)
+        return await self._proxied("chat", request)
 
     async def completions(self, request: Request) -> Response:
-        return await self.proxy.handle("completions", request)
+        return await self._proxied("completions", request)
+
+    async def _proxied(self, endpoint: Endpoint, request: Request) -> Response:
+        """A routed request; pinned to one replica when the gate allowed it (``router.pin``)."""
+        pin = request.scope.get("state", {}).get("pin")
+        if pin is None:
+            return await self.proxy.handle(endpoint, request)
+        url = pin_url(pin, self.gate.names, [r.url for r in self.replicas.replicas])
+        return await self.proxy.handle(endpoint, request, pinned_prepare(self.proxy, endpoint, url))
 
     async def models(self, request: Request) -> Response:
         auth = request.headers.get("authorization")
