@@ -111,6 +111,12 @@ class TierResult:
         return _least(c.first_logprob_diff for c in self.comparisons)
 
     @property
+    def failing_lengths(self) -> list[int]:
+        """Prompt lengths with at least one failing prompt (a fault past a position)."""
+        return sorted({n for n, c in zip(self.lengths, self.comparisons, strict=True)
+                       if not c.ok})
+
+    @property
     def max_dlogprob(self) -> float:
         return max((c.max_dlogprob for c in self.comparisons), default=0.0)
 

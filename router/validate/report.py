@@ -31,7 +31,7 @@ def as_json(config: ValidateConfig, outcome: Outcome) -> dict[str, Any]:
             "matched": t.matched, "match_rate": t.match_rate, "first_diff": t.first_diff,
             "first_token_diff": t.first_token_diff,
             "first_logprob_diff": t.first_logprob_diff, "max_dlogprob": t.max_dlogprob,
-            "cache_hits": t.cache_hits,
+            "cache_hits": t.cache_hits, "failing_lengths": t.failing_lengths,
             "per_prompt": [{"prompt_tokens": n, "ok": c.ok, "first_token_diff": c.first_token_diff,
                             "first_logprob_diff": c.first_logprob_diff,
                             "max_dlogprob": c.max_dlogprob, "near_tie": c.near_tie,
@@ -52,7 +52,8 @@ def summary_lines(outcome: Outcome) -> list[str]:
         if t.verdict == "FAIL":
             out.append(f"FAIL {name}: {t.matched}/{len(t.comparisons)} prompts match; first "
                        f"differing output position {t.first_diff} (token "
-                       f"{_pos(t.first_token_diff)}, logprob {_pos(t.first_logprob_diff)})")
+                       f"{_pos(t.first_token_diff)}, logprob {_pos(t.first_logprob_diff)}); "
+                       f"failing prompt lengths {t.failing_lengths}")
         elif t.verdict in ("not exercised", "not cold"):
             out.append(f"{t.verdict} {name}: {t.cache_hits} of {len(t.comparisons)} prompts "
                        "reported cached tokens")
