@@ -20,6 +20,7 @@ from policies import registry
 from policies.base import Policy
 from policies.split import parse_policy_ref
 from router.admin import PolicyAdmin
+from router.canary import Canary
 from router.drain import Drain
 from router.events import EngineEvents, KvIngest, parse_sources
 from router.gate import Gate
@@ -107,6 +108,11 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
                   metrics=metrics, clock=clock, max_body_bytes=settings.max_body_bytes,
                   max_attempts=settings.max_attempts)
     admin = PolicyAdmin(proxy, policy_name, policy_options)
+    canary = Canary(rate=settings.canary_rate if settings.pool_bytes > 0 else 0.0,
+                    budget=settings.canary_budget, clean_to_clear=settings.canary_clean_to_clear,
+                    tol=settings.canary_logprob_tol, max_tokens=settings.canary_max_tokens,
+                    replicas=replicas, upstream=upstream, locator=locator, metrics=metrics,
+                    clock=clock)
     gate = _gate(settings, replicas)
     surface = Surface.build(settings, proxy=proxy, replicas=replicas, upstream=upstream,
                             gate=gate, dns=dns)
@@ -121,6 +127,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
         try:
             yield
         finally:
+            await canary.stop()
             await surface.stop()
             await events.stop()
             await replicas.stop()
@@ -131,7 +138,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
                   openapi_url=None)
     drain = Drain()  # set on SIGTERM by router.drain.DrainingServer
     routes = Routes(proxy, replicas, metrics, locator, events, admin, gate,
-                    mode="token" if tokenizer else "text", drain=drain)
+                    mode="token" if tokenizer else "text", drain=drain, canary=canary)
     app.router.routes.extend([*routes.routes(), *surface.routes()])
     install_error_handlers(app)
     if settings.access_log:
@@ -141,4 +148,5 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     app.state.admin = admin
     app.state.gate = gate
     app.state.drain = drain
+    app.state.canary = canary
     return app

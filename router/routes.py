@@ -35,6 +35,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from router.admin import PolicyAdmin, admin_routes
+from router.canary import Canary, canary_routes
 from router.drain import Drain
 from router.errors import BadRequest, LmrouteError, NotFound, RateLimited
 from router.events import EngineEvents
@@ -67,6 +68,7 @@ class Routes:
     gate: Gate
     mode: str  # "token" or "text": how prompts are hashed
     drain: Drain  # draining after SIGTERM: not ready, whatever the replicas
+    canary: Canary | None = None  # the live canary (router.canary), offered routed replies
 
     async def chat(self, request: Request) -> Response:
         return await self._proxied("chat", request)
@@ -78,7 +80,13 @@ class Routes:
         """A routed request; pinned to one replica when the gate allowed it (``router.pin``)."""
         pin = request.scope.get("state", {}).get("pin")
         if pin is None:
-            return await self.proxy.handle(endpoint, request)
+            if self.canary is None or not self.canary.every:
+                return await self.proxy.handle(endpoint, request)
+            raw = await request.body()  # already in memory (the gate read it); kept for a replay
+            response = await self.proxy.handle(endpoint, request)
+            if response.status_code == 200:
+                self.canary.offer(endpoint, raw, request.headers.get("authorization"))
+            return response
         url = pin_url(pin, self.gate.names, [r.url for r in self.replicas.replicas])
         return await self.proxy.handle(endpoint, request, pinned_prepare(self.proxy, endpoint, url))
 
@@ -127,8 +135,9 @@ class Routes:
 
     def routes(self) -> list[Route]:
         wrap = self.gate.wrap
+        extra = canary_routes(self.canary) if self.canary is not None else []
         admin = [Route(r.path, wrap("admin", r.endpoint), methods=r.methods)
-                 for r in admin_routes(self.admin)]
+                 for r in [*admin_routes(self.admin), *extra]]
         return [
             Route("/v1/chat/completions", wrap("tenant", self.chat, proxied=True),
                   methods=["POST"]),

@@ -23,33 +23,12 @@ import aiohttp
 import orjson
 
 from router.pin import PIN_HEADER
-from router.validate.compare import Reply
+from router.validate.compare import BadReply, Reply, parse_reply
 from router.validate.config import ValidateConfig
 
 
 class ValidateError(Exception):
     """The deployment could not be validated (unreachable, refused, malformed reply)."""
-
-
-def parse_reply(data: Any) -> Reply:
-    """A completions reply with logprobs as a ``Reply``; ``ValidateError`` when malformed."""
-    try:
-        choice = data["choices"][0]
-        lp = choice["logprobs"]
-        tokens = [str(t) for t in lp["tokens"]]
-        logprobs = [float(x) for x in lp["token_logprobs"]]
-        margins: list[float | None] = []
-        for chosen, tops in zip(logprobs, lp["top_logprobs"], strict=True):
-            others = sorted((float(v) for v in (tops or {}).values()), reverse=True)
-            runner = others[1] if len(others) > 1 else None
-            margins.append(None if runner is None else max(chosen, others[0]) - runner)
-        usage = data.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        cached = details.get("cached_tokens")
-        return Reply(tokens, logprobs, margins, None if cached is None else int(cached),
-                     int(usage.get("prompt_tokens", 0)))
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise ValidateError(f"a completion without usable logprobs: {exc!r}") from None
 
 
 class Deployment:
@@ -132,7 +111,10 @@ class Deployment:
         status, data = await self._call("POST", base + "/v1/completions", body, headers)
         if status != 200:
             raise ValidateError(f"completion on {replica} answered {status}: {data}")
-        return parse_reply(data)
+        try:
+            return parse_reply(data)
+        except BadReply as exc:
+            raise ValidateError(f"{replica}: {exc}") from None
 
     async def reset_prefix_caches(self) -> bool:
         """Empty every replica's GPU prefix cache; False where the engine cannot."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,37 @@ class Reply:
     margins: list[float | None]  # chosen minus runner-up logprob (None: no runner-up given)
     cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens, if reported
     prompt_tokens: int
+
+
+class BadReply(ValueError):
+    """A reply without usable logprobs."""
+
+
+def _positions(lp: dict[str, Any]) -> list[tuple[str, float, list[float]]]:
+    """(token, logprob, alternatives' logprobs) per position, chat or completions shape."""
+    if "content" in lp:  # chat: [{"token", "logprob", "top_logprobs": [{...}]}]
+        return [(str(p["token"]), float(p["logprob"]),
+                 [float(t["logprob"]) for t in p.get("top_logprobs") or []])
+                for p in lp["content"] or []]
+    return [(str(t), float(x), [float(v) for v in (tops or {}).values()])
+            for t, x, tops in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"],
+                                  strict=True)]
+
+
+def parse_reply(data: Any) -> Reply:
+    """A chat or completions reply with logprobs as a ``Reply``; ``BadReply`` when malformed."""
+    try:
+        positions = _positions(data["choices"][0]["logprobs"])
+        margins: list[float | None] = []
+        for _, chosen, alts in positions:
+            others = sorted(alts, reverse=True)
+            margins.append(max(chosen, others[0]) - others[1] if len(others) > 1 else None)
+        usage = data.get("usage") or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        return Reply([p[0] for p in positions], [p[1] for p in positions], margins,
+                     None if cached is None else int(cached), int(usage.get("prompt_tokens", 0)))
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise BadReply(f"a completion without usable logprobs: {exc!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
