@@ -31,7 +31,8 @@ def config_from(args: argparse.Namespace) -> ValidateConfig:
         target=args.target, backends=tuple(args.backends or ()),
         admin_key=args.admin_key or os.environ.get("LMROUTE_ADMIN_KEY", ""), model=args.model,
         lengths=_ints(args.lengths), prompts=args.prompts, max_tokens=args.max_tokens,
-        top_logprobs=args.top_logprobs, seed=args.seed, logprob_tol=args.logprob_tol,
+        top_logprobs=args.top_logprobs, seed=args.seed, prompt_seed=args.prompt_seed,
+        logprob_tol=args.logprob_tol,
         concurrency=args.concurrency, evict=args.evict, timeout_s=args.timeout_s)
 
 
@@ -77,7 +78,9 @@ def add_validate_command(sub: Any) -> None:
     val.add_argument("--prompts", type=int, default=4, help="prompts per length")
     val.add_argument("--max-tokens", type=int, default=16, help="K: output tokens compared")
     val.add_argument("--top-logprobs", type=int, default=2)
-    val.add_argument("--seed", type=int, default=0)
+    val.add_argument("--seed", type=int, default=0, help="the requests' sampling seed")
+    val.add_argument("--prompt-seed", type=int, default=None,
+                     help="the prompts' generator (default: random per run; the report names it)")
     val.add_argument("--logprob-tol", type=float, default=DEFAULT_TOL,
                      help="largest |delta logprob| (nats) a healthy engine may show")
     val.add_argument("--concurrency", type=int, default=8,

@@ -40,7 +40,8 @@ class ValidateConfig:
     prompts: int = 4  # per length
     max_tokens: int = 16  # K: output tokens compared
     top_logprobs: int = 2
-    seed: int = 0  # the request's sampling seed and the prompts' generator
+    seed: int = 0  # the requests' sampling seed
+    prompt_seed: int | None = None  # the prompts' generator (None: a random one per run)
     logprob_tol: float = DEFAULT_TOL  # nats
     concurrency: int = 8
     evict: bool = True

@@ -42,6 +42,7 @@ def as_json(config: ValidateConfig, outcome: Outcome) -> dict[str, Any]:
             "lengths": outcome.lengths, "skipped_lengths": outcome.skipped_lengths,
             "prompts_per_length": config.prompts, "max_tokens": config.max_tokens,
             "logprob_tol": config.logprob_tol, "seed": config.seed,
+            "prompt_seed": outcome.prompt_seed,
             "concurrency": config.concurrency, "errors": outcome.errors, "tiers": tiers}
 
 

@@ -2,9 +2,11 @@
 
 Prompts: for each length ``L`` in ``lengths`` (those that leave room for ``K`` output
 tokens within the replica's ``max_model_len``), ``prompts`` prompts of exactly ``L``
-token ids drawn by a generator seeded with ``seed`` from the deployment's vocabulary
-(``Deployment.vocabulary``), each with a fresh random ``cache_salt`` per run (uuid4), so
-a run never reuses what an earlier run (or a client) left in any cache.
+token ids drawn from the deployment's vocabulary (``Deployment.vocabulary``) by a
+generator seeded with ``prompt_seed`` (random per run unless given; the report names it),
+each with a fresh random ``cache_salt`` (uuid4). New prompts and new salts: a run never
+reuses what an earlier run or a client left in any cache, even on an engine (or pool)
+that ignored ``cache_salt`` (the ``not cold`` verdict would then show on ``cold-other``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Outcome:
     skipped_lengths: list[int]
     tiers: dict[str, TierResult] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    prompt_seed: int | None = None
 
     @property
     def failed(self) -> bool:
@@ -54,9 +57,9 @@ class Outcome:
         return 3 if any(t.verdict in inconclusive for t in self.tiers.values()) else 0
 
 
-def make_prompts(config: ValidateConfig, replicas: list[str], vocab: list[int],
+def make_prompts(seed: int, config: ValidateConfig, replicas: list[str], vocab: list[int],
                  lengths: list[int]) -> list[Prompt]:
-    rng = random.Random(config.seed)
+    rng = random.Random(seed)
     out: list[Prompt] = []
     for length in lengths:
         for _ in range(config.prompts):
@@ -90,7 +93,9 @@ async def run_tiers(config: ValidateConfig, dep: Deployment) -> Outcome:
     if not lengths:
         outcome.errors.append(f"no length fits max_model_len {dep.max_model_len}")
         return outcome
-    prompts = make_prompts(config, dep.replicas, await dep.vocabulary(config.seed), lengths)
+    seed = outcome.prompt_seed = (config.prompt_seed if config.prompt_seed is not None
+                                  else random.randrange(2**31))
+    prompts = make_prompts(seed, config, dep.replicas, await dep.vocabulary(seed), lengths)
     tiers = {t: TierResult(t, t in CACHE_TIERS) for t in TIERS}
     outcome.tiers = tiers
     plan: dict[str, Callable[[Prompt], Callable[[], Awaitable[Reply]]]] = {
