@@ -105,15 +105,16 @@ def write_png(path: Path, config: ValidateConfig, outcome: Outcome) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for name, t in outcome.tiers.items():
+    for k, (name, t) in enumerate(outcome.tiers.items()):
         if name == "cold" or not t.comparisons:
             continue
         ys = [max(c.max_dlogprob, 1e-9) if c.first_token_diff is None else 10.0
               for c in t.comparisons]
-        ax.scatter(t.lengths, ys, label=f"{name}: {t.verdict}", alpha=0.7)
+        xs = [n * 1.04**k for n in t.lengths]  # tiers side by side at each length
+        ax.scatter(xs, ys, label=f"{name}: {t.verdict}", alpha=0.7)
     ax.axhline(config.logprob_tol, color="red", linestyle="--", label="tolerance")
     ax.set(xscale="log", yscale="log", xlabel="prompt tokens",
-           ylabel="max |Δ logprob| vs cold (10 = token mismatch)",
+           ylabel="max |Δ logprob| vs cold\n(1e-9: exact; 10: token mismatch)",
            title=f"lmroute validate: {outcome.model}")
     ax.legend(fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
