@@ -3,7 +3,8 @@ live canary's time to suspect a pool that turns corrupt under steady load.
 
 Starts a private redis-server, two emulated replicas (``lmroute replica --profile
 study-27b --time-scale 0.01 --pool redis://...``) and one router (``lmroute serve
---admin-key``), all subprocesses on 127.0.0.1 (tests/servers.py), then:
+--admin-key``), all subprocesses on 127.0.0.1 (tests/servers.py ``pooled_deployment``),
+then:
 
 - ``validate``: for each mode (healthy, all, load, position, replica on r1 only), set
   through ``POST /_emulator/faults``, runs ``lmroute validate`` at its default settings
@@ -33,8 +34,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from servers import replica, router  # noqa: E402
-from servers_redis import RedisServer  # noqa: E402
+from servers import pooled_deployment  # noqa: E402
 
 KEY = "bench-admin"
 ADMIN = {"Authorization": f"Bearer {KEY}"}
@@ -129,16 +129,8 @@ def main() -> int:
     ap.add_argument("--canary-budget", default="12")
     ap.add_argument("--json")
     args = ap.parse_args()
-    pool = RedisServer().start()
-    started = []
     out: dict[str, Any] = {}
-    try:
-        reps = [replica("--profile", "study-27b", "--time-scale", "0.01", "--pool", pool.url,
-                        "--name", f"r{i}").start() for i in range(2)]
-        started += reps
-        rt = router([r.url for r in reps], "--admin-key", KEY,
-                    "--canary-budget", args.canary_budget).start()
-        started.append(rt)
+    with pooled_deployment("--admin-key", KEY, "--canary-budget", args.canary_budget) as (rt, reps):
         urls = [r.url for r in reps]
         if args.what in ("validate", "both"):
             out["validate"] = validate_modes(rt.url, urls, Path("out"))
@@ -146,10 +138,6 @@ def main() -> int:
             out["canary"] = asyncio.run(canary(rt.url, urls, args.sessions, args.healthy_s,
                                                args.limit_s))
             print(json.dumps(out["canary"]))
-    finally:
-        for s in reversed(started):
-            s.stop()
-        pool.close()
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2))

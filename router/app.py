@@ -76,6 +76,16 @@ def _gate(settings: Settings, replicas: ReplicaSet) -> Gate:
                 max_body_bytes=settings.max_body_bytes, replica_names=names)
 
 
+def _canary(settings: Settings, replicas: ReplicaSet, upstream: Upstream, locator: Locator,
+            metrics: RouterMetrics, clock: Clock) -> Canary:
+    """The live canary; off (rate 0) without a pool to check."""
+    return Canary(rate=settings.canary_rate if settings.pool_bytes > 0 else 0.0,
+                  budget=settings.canary_budget, clean_to_clear=settings.canary_clean_to_clear,
+                  tol=settings.canary_logprob_tol, max_tokens=settings.canary_max_tokens,
+                  replicas=replicas, upstream=upstream, locator=locator, metrics=metrics,
+                  clock=clock)
+
+
 def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     """Build the router app for ``settings``; nothing starts until the lifespan runs."""
     if not settings.backends and not settings.backends_file:
@@ -108,11 +118,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
                   metrics=metrics, clock=clock, max_body_bytes=settings.max_body_bytes,
                   max_attempts=settings.max_attempts)
     admin = PolicyAdmin(proxy, policy_name, policy_options)
-    canary = Canary(rate=settings.canary_rate if settings.pool_bytes > 0 else 0.0,
-                    budget=settings.canary_budget, clean_to_clear=settings.canary_clean_to_clear,
-                    tol=settings.canary_logprob_tol, max_tokens=settings.canary_max_tokens,
-                    replicas=replicas, upstream=upstream, locator=locator, metrics=metrics,
-                    clock=clock)
+    canary = _canary(settings, replicas, upstream, locator, metrics, clock)
     gate = _gate(settings, replicas)
     surface = Surface.build(settings, proxy=proxy, replicas=replicas, upstream=upstream,
                             gate=gate, dns=dns)

@@ -18,11 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 try:
-    from servers import Server, replica, router
-    from servers_redis import RedisServer
+    from servers import pooled_deployment
 except ImportError:  # tests/ became a package
-    from tests.servers import Server, replica, router
-    from tests.servers_redis import RedisServer
+    from tests.servers import pooled_deployment
 
 KEY = "canary-admin"
 ADMIN = {"Authorization": f"Bearer {KEY}"}
@@ -30,21 +28,10 @@ ADMIN = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture
 def deployment() -> Iterator[dict[str, Any]]:
-    pool = RedisServer().start()
-    started: list[Server] = []
-    try:
-        reps = [replica("--profile", "study-27b", "--time-scale", "0.01", "--pool", pool.url,
-                        "--name", f"r{i}").start() for i in range(2)]
-        started += reps
-        # The default rate (every 100th reply); a budget the test's burst of load can use.
-        rt = router([r.url for r in reps], "--admin-key", KEY, "--canary-budget", "600",
-                    "--canary-clean-to-clear", "3").start()
-        started.append(rt)
+    # The default rate (every 100th reply); a budget the test's burst of load can use.
+    with pooled_deployment("--admin-key", KEY, "--canary-budget", "600",
+                           "--canary-clean-to-clear", "3") as (rt, reps):
         yield {"router": rt.url, "replicas": [r.url for r in reps]}
-    finally:
-        for s in reversed(started):
-            s.stop()
-        pool.close()
 
 
 async def _load(url: str, stop: asyncio.Event, statuses: list[int], sessions: int = 6) -> None:
