@@ -93,7 +93,8 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     urls, dns = split_backends(settings.backends)  # dns+ names: router.membership
     settings = dataclasses.replace(settings, backends=tuple(urls))
     policy_name, policy_options, policy = _policy(settings)
-    upstream = Upstream(settings.connect_timeout_s, settings.first_byte_timeout_s)
+    upstream = Upstream(settings.connect_timeout_s, settings.first_byte_timeout_s,
+                        keepalive_s=settings.upstream_keepalive_s)
     replicas = _replicas(settings, upstream, clock)
     metrics = RouterMetrics(replicas)
     # Token mode hashes the engine's token ids; text mode about four bytes of text per token.

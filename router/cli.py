@@ -72,10 +72,13 @@ def _serve(args: argparse.Namespace) -> int:
     # The replica's own Date/Server headers pass through: uvicorn must not add a second pair.
     # Malformed HTTP is answered OpenAI-shaped (router/framing.py). SIGTERM drains
     # (router/drain.py). Logging is router.logs' (log_config=None keeps uvicorn's hands off).
+    # Idle client connections outlive the clients' own expiry (httpx 5 s, uvicorn's default
+    # too): with equal timers a request sent as the router closes the connection is reset.
     config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             log_config=None, log_level=settings.log_level, access_log=False,
                             server_header=False, date_header=False, http=JsonFramingProtocol,
-                            timeout_graceful_shutdown=int(settings.drain_timeout_s))
+                            timeout_graceful_shutdown=int(settings.drain_timeout_s),
+                            timeout_keep_alive=settings.keep_alive_s)
     DrainingServer(config, app.state.drain, settings.drain_grace_s).run()
     return 0
 

@@ -51,6 +51,16 @@ class Settings:
     first_byte_timeout_s: float = field(
         default=900.0, metadata={"help": "upstream time to response headers (long prefills)"}
     )
+    upstream_keepalive_s: float = field(
+        default=4.0, metadata={"help": "idle upstream connections are closed after this; keep it "
+                               "below the replicas' own keep-alive timeout (vLLM: "
+                               "VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default)"}
+    )
+    keep_alive_s: int = field(
+        default=75, metadata={"help": "idle client connections are kept this long (seconds); "
+                              "above the idle timeout of the clients and load balancers in "
+                              "front, so that they, not the router, close an idle connection"}
+    )
     health_interval_s: float = field(default=2.0, metadata={"help": "replica /health period"})
     health_timeout_s: float = field(default=2.0, metadata={"help": "replica /health timeout"})
     eject_after: int = field(
