@@ -20,6 +20,7 @@ from policies import registry
 from policies.base import Policy
 from policies.split import parse_policy_ref
 from router.admin import PolicyAdmin
+from router.canary import Canary
 from router.drain import Drain
 from router.events import EngineEvents, EventConfig, KvIngest
 from router.gate import Gate
@@ -86,6 +87,16 @@ def _events(settings: Settings, config: EventConfig, index: PrefixIndex, upstrea
     return EngineEvents(sources, ingest, topic=settings.kv_events_topic, config=config)
 
 
+def _canary(settings: Settings, replicas: ReplicaSet, upstream: Upstream, locator: Locator,
+            metrics: RouterMetrics, clock: Clock) -> Canary:
+    """The live canary; off (rate 0) without a pool to check."""
+    return Canary(rate=settings.canary_rate if settings.pool_bytes > 0 else 0.0,
+                  budget=settings.canary_budget, clean_to_clear=settings.canary_clean_to_clear,
+                  tol=settings.canary_logprob_tol, max_tokens=settings.canary_max_tokens,
+                  replicas=replicas, upstream=upstream, locator=locator, metrics=metrics,
+                  clock=clock)
+
+
 def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     """Build the router app for ``settings``; nothing starts until the lifespan runs."""
     if not settings.backends and not settings.backends_file:
@@ -117,6 +128,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
                   metrics=metrics, clock=clock, max_body_bytes=settings.max_body_bytes,
                   max_attempts=settings.max_attempts)
     admin = PolicyAdmin(proxy, policy_name, policy_options)
+    canary = _canary(settings, replicas, upstream, locator, metrics, clock)
     gate = _gate(settings, replicas)
     surface = Surface.build(settings, proxy=proxy, replicas=replicas, upstream=upstream,
                             gate=gate, dns=dns)
@@ -132,6 +144,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
         try:
             yield
         finally:
+            await canary.stop()
             await surface.stop()
             await events.stop()
             await replicas.stop()
@@ -142,7 +155,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
                   openapi_url=None)
     drain = Drain()  # set on SIGTERM by router.drain.DrainingServer
     routes = Routes(proxy, replicas, metrics, locator, events, admin, gate,
-                    mode="token" if tokenizer else "text", drain=drain)
+                    mode="token" if tokenizer else "text", drain=drain, canary=canary)
     app.router.routes.extend([*routes.routes(), *surface.routes()])
     install_error_handlers(app)
     if settings.access_log:
@@ -152,4 +165,5 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     app.state.admin = admin
     app.state.gate = gate
     app.state.drain = drain
+    app.state.canary = canary
     return app

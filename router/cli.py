@@ -2,6 +2,7 @@
 
     lmroute serve    --backend URL [--backend URL ...] [--policy NAME] [--config FILE] ...
     lmroute policies                                 list the registered routing policies
+    lmroute validate --target URL --admin-key KEY    cached/pooled KV vs cold (docs/validate.md)
 
 and, from ``sim/`` (``sim.cli.add_sim_commands``; they need the ``sim`` extra and are
 absent without it, as in the router image):
@@ -99,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
     pol = sub.add_parser("policies", help="list routing policies")
     pol.set_defaults(func=_policies)
+    from router.validate.command import add_validate_command
+
+    add_validate_command(sub)
     try:
         from sim.cli import add_sim_commands
 

@@ -25,6 +25,8 @@ tenant's key is not forwarded to the replicas.
 
 What leaves. The ``x-lmroute-replica`` header names a replica by its position in
 ``--backend`` (``r0``, ``r1``, ...) unless ``--expose-replica-header`` keeps the URL.
+``X-LMRoute-Pin-Replica`` on a routed request needs the admin key (403 otherwise) and
+then routes it as the operator's, under no tenant (``router.pin``).
 A tenant's slot is given back when the response has been sent (a stream's last byte, or
 the client gone), whatever happened.
 """
@@ -43,6 +45,7 @@ from starlette.types import Message, Receive, Scope, Send
 from router.bodies import read_decoded
 from router.errors import BadRequest, NotFound, Unauthorized
 from router.jsonbody import load_json
+from router.pin import PIN_HEADER, PinForbidden
 from router.tenants import Tenant, Tenants, combine
 
 Access = Literal["public", "tenant", "internal", "admin"]
@@ -69,11 +72,11 @@ def salted(raw: bytes, tenant: Tenant) -> bytes:
     return orjson.dumps(body)
 
 
-def _replayed(request: Request, body: bytes | None, drop_auth: bool) -> Request:
+def _replayed(request: Request, body: bytes | None, drop: set[bytes]) -> Request:
     """``request`` with ``body`` as its (decoded) body (``None``: its own, unread) and
-    without ``Authorization`` if ``drop_auth``; later receives (the client's disconnect)
+    without the ``drop`` headers (lower case); later receives (the client's disconnect)
     still come from the connection."""
-    dropped = {b"authorization"} if drop_auth else set()
+    dropped = set(drop)
     if body is not None:
         dropped |= _DROPPED
     headers = [(k, v) for k, v in request.scope["headers"] if k.lower() not in dropped]
@@ -139,6 +142,14 @@ class Gate:
             self.names[key] = f"r{len(self.names)}".encode()
         return self.names[key].decode()
 
+    def _pin(self, request: Request) -> None:
+        """Allow ``X-LMRoute-Pin-Replica`` (``router.pin``) to the admin key only."""
+        token = bearer(request) or ""
+        if not self.admin_key or not hmac.compare_digest(token.encode(), self.admin_key.encode()):
+            raise PinForbidden(f"{PIN_HEADER} needs the admin key (Authorization: Bearer KEY)"
+                               + ("" if self.admin_key else "; this router has none"))
+        request.scope.setdefault("state", {})["pin"] = request.headers[PIN_HEADER]
+
     def _admin(self, request: Request, access: Access) -> None:
         if not self.admin_key:
             if access == "admin" or self.tenants is not None:
@@ -166,7 +177,10 @@ class Gate:
 
         async def endpoint(request: Request) -> Response:
             tenant: Tenant | None = None
-            if access in ("internal", "admin"):
+            pinned = proxied and PIN_HEADER in request.headers
+            if pinned:
+                self._pin(request)
+            elif access in ("internal", "admin"):
                 self._admin(request, access)
             elif access == "tenant":
                 tenant = self._tenant(request)
@@ -177,8 +191,9 @@ class Gate:
                 body = await read_decoded(request, self.max_body_bytes)
                 if tenant is not None and proxied and salt:
                     body = salted(body, tenant)
-            if body is not None or tenant is not None:
-                request = _replayed(request, body, drop_auth=tenant is not None)
+            if body is not None or tenant is not None or pinned:
+                drop = {b"authorization"} if tenant is not None or pinned else set()
+                request = _replayed(request, body, drop | ({PIN_HEADER.encode()} if pinned else set()))
             if access == "public":
                 return await handler(request)
             release = (self.tenants.admit(tenant)

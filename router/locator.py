@@ -10,7 +10,9 @@ forwarder:
   refuses gets no chain (routed without locality). A body without ``model`` (vLLM then
   serves its one model) is rooted in ``--served-model`` in token mode, to meet the keys
   the engine's events produce.
-- ``residency(chain)``: ONE index lookup, timed and counted by tier. The index never
+- ``residency(chain)``: ONE index lookup, timed and counted by tier; while
+  ``pool_trusted`` is false (``router.canary`` found the pool suspect) its pool tier
+  reads as 0, so every policy routes as if there were no pool. The index never
   fails a request: ``ResilientIndex`` falls back to memory, and any ``IndexUnavailable``
   left over reads as "nothing cached anywhere".
 - ``served(session, chain, replica)``: after a successful reply the serving replica's GPU now
@@ -33,6 +35,7 @@ token); the study's model has 32 KiB of FP8 KV per token.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
@@ -95,6 +98,7 @@ class Locator:
         self.block_tokens = block_tokens
         self.precise = precise
         self.default_model = default_model  # a body without "model": vLLM's served model
+        self.pool_trusted = True  # false while the canary holds the pool suspect
         self.metrics = metrics
         self.block_bytes = block_bytes
         self.pool_write_through = pool_write_through
@@ -117,7 +121,9 @@ class Locator:
                         salt if isinstance(salt, str) else None, None)
         return token_chain(ids, root, self.block_tokens)
 
-    async def residency(self, chain: list[BlockKey]) -> Residency:
+    async def residency(self, chain: list[BlockKey], *, trusted: bool = False) -> Residency:
+        """Where ``chain`` lives; the pool tier reads as empty while ``pool_trusted`` is
+        false (``router.canary``) unless ``trusted`` (the canary's own look)."""
         if not chain:
             return EMPTY_RESIDENCY
         t0 = self._clock()
@@ -128,6 +134,8 @@ class Locator:
             return EMPTY_RESIDENCY
         tier = Tier.GPU if found.gpu else Tier.POOL if found.pool else Tier.MISS
         self.metrics.index_lookup(self._clock() - t0, tier.value)
+        if found.pool and not (self.pool_trusted or trusted):
+            return dataclasses.replace(found, pool=0)
         return found
 
     def last_replica(self, session: str) -> ReplicaId | None:

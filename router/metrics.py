@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -73,6 +73,14 @@ class _IndexCollector(Collector):
                                     value=float(timeout.value_s))
 
 
+def _canary_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge]:
+    """The live canary's (router.canary): results, and whether the pool is suspect."""
+    return (Counter("lmroute_canaries", "live canaries by result (router.canary): clean, "
+                    "diverged, no_pool_path, over_budget, error", ["result"], registry=r),
+            Gauge("lmroute_pool_suspect", "1 while a canary found the shared pool's replies "
+                  "wrong (the pool tier is then treated as absent)", registry=r))
+
+
 class RouterMetrics:
     """Router metrics on a private registry (no process globals: several apps per process)."""
 
@@ -111,6 +119,7 @@ class RouterMetrics:
             "lmroute_request_duration_seconds", "router receipt to last byte",
             ["replica", "arm"], buckets=LATENCY_BUCKETS, registry=r,
         )
+        self._canaries, self._pool_suspect = _canary_metrics(r)
         self._overhead = Histogram(
             "lmroute_routing_overhead_seconds", "parse + lookup + choose, before the upstream send",
             buckets=OVERHEAD_BUCKETS, registry=r,
@@ -149,6 +158,12 @@ class RouterMetrics:
 
     def routing_overhead(self, seconds: float) -> None:
         self._overhead.observe(seconds)
+
+    def canary(self, result: str) -> None:
+        self._canaries.labels(result=result).inc()
+
+    def pool_suspect(self, suspect: bool) -> None:
+        self._pool_suspect.set(1.0 if suspect else 0.0)
 
     def client_disconnect(self, phase: str) -> None:
         """A client left; ``phase``: ``before_reply`` (no byte sent yet) or ``mid_stream``."""

@@ -35,6 +35,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from router.admin import PolicyAdmin, admin_routes
+from router.canary import Canary, canary_routes
 from router.drain import Drain
 from router.errors import BadRequest, LmrouteError, NotFound, RateLimited
 from router.events import EngineEvents
@@ -43,6 +44,7 @@ from router.locator import Locator
 from router.metrics import RouterMetrics
 from router.openai_api import Endpoint, parse_request
 from router.openapi import openapi_document
+from router.pin import pin_url, pinned_prepare
 from router.proxy import Proxy
 from router.replicas import ReplicaSet
 
@@ -66,12 +68,27 @@ class Routes:
     gate: Gate
     mode: str  # "token" or "text": how prompts are hashed
     drain: Drain  # draining after SIGTERM: not ready, whatever the replicas
+    canary: Canary | None = None  # the live canary (router.canary), offered routed replies
 
     async def chat(self, request: Request) -> Response:
-        return await self.proxy.handle("chat", request)
+        return await self._proxied("chat", request)
 
     async def completions(self, request: Request) -> Response:
-        return await self.proxy.handle("completions", request)
+        return await self._proxied("completions", request)
+
+    async def _proxied(self, endpoint: Endpoint, request: Request) -> Response:
+        """A routed request; pinned to one replica when the gate allowed it (``router.pin``)."""
+        pin = request.scope.get("state", {}).get("pin")
+        if pin is None:
+            if self.canary is None or not self.canary.every:
+                return await self.proxy.handle(endpoint, request)
+            raw = await request.body()  # already in memory (the gate read it); kept for a replay
+            response = await self.proxy.handle(endpoint, request)
+            if response.status_code == 200:
+                self.canary.offer(endpoint, raw, request.headers.get("authorization"))
+            return response
+        url = pin_url(pin, self.gate.names, [r.url for r in self.replicas.replicas])
+        return await self.proxy.handle(endpoint, request, pinned_prepare(self.proxy, endpoint, url))
 
     async def models(self, request: Request) -> Response:
         auth = request.headers.get("authorization")
@@ -118,8 +135,9 @@ class Routes:
 
     def routes(self) -> list[Route]:
         wrap = self.gate.wrap
+        extra = canary_routes(self.canary) if self.canary is not None else []
         admin = [Route(r.path, wrap("admin", r.endpoint), methods=r.methods)
-                 for r in admin_routes(self.admin)]
+                 for r in [*admin_routes(self.admin), *extra]]
         return [
             Route("/v1/chat/completions", wrap("tenant", self.chat, proxied=True),
                   methods=["POST"]),

@@ -134,6 +134,21 @@ class Settings:
         default="", metadata={"help": "model name rooting event keys (empty: each replica's "
                               "first /v1/models id)"}
     )
+    canary_rate: float = field(
+        default=0.01, metadata={"help": "live canary: this fraction of routed chat/completions "
+                                "replies (every 1/rate-th) is replayed from the pool and cold "
+                                "and compared; 0: off (docs/validate.md)"}
+    )
+    canary_budget: int = field(
+        default=12, metadata={"help": "canary requests per minute at most (two per canary)"}
+    )
+    canary_clean_to_clear: int = field(
+        default=20, metadata={"help": "clean canaries in a row that clear a suspect pool"}
+    )
+    canary_max_tokens: int = field(default=8, metadata={"help": "K: tokens a canary compares"})
+    canary_logprob_tol: float = field(
+        default=0.05, metadata={"help": "largest |delta logprob| (nats) a clean canary may show"}
+    )
     admin_key: str = field(
         default="", metadata={"help": "key for the admin API and the internal routes "
                               "(/replicas, /policy, /index/lookup); empty: admin API off"}

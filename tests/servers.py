@@ -6,19 +6,21 @@ readiness URL, and killed by pid at teardown (SIGKILL on request, to test failov
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 try:
-    from servers_redis import free_port
+    from servers_redis import RedisServer, free_port
 except ImportError:  # tests/ became a package
-    from tests.servers_redis import free_port
+    from tests.servers_redis import RedisServer, free_port
 
 LOG_DIR = Path(os.environ.get("LMROUTE_TEST_LOGS", "/tmp/lmroute-test-logs"))
 UVICORN_STARTUP_FAILURE = 3  # uvicorn's exit status when it cannot bind
@@ -107,3 +109,23 @@ def router(backends: list[str], *extra: str, port: int | None = None) -> Server:
     for b in backends:
         args += ["--backend", b]
     return Server([*args, *extra], chosen, name="router", repick_port=port is None)
+
+
+@contextlib.contextmanager
+def pooled_deployment(*router_args: str) -> Iterator[tuple[Server, list[Server]]]:
+    """A private redis-server, two emulated replicas (``study-27b`` at time scale 0.01,
+    named r0 and r1) in separate processes sharing its pool, and a router in front
+    (``router_args`` added); everything stopped on exit."""
+    pool = RedisServer().start()
+    started: list[Server] = []
+    try:
+        for i in range(2):
+            started.append(replica("--profile", "study-27b", "--time-scale", "0.01",
+                                   "--pool", pool.url, "--name", f"r{i}").start())
+        reps = list(started)
+        started.append(router([r.url for r in reps], *router_args).start())
+        yield started[-1], reps
+    finally:
+        for server in reversed(started):
+            server.stop()
+        pool.close()

@@ -13,6 +13,8 @@ import argparse
 import sys
 from typing import Any
 
+from sim.emulator.corruption import DEFAULT_LOAD, DEFAULT_POSITION, MODES
+
 DEFAULT_MODEL = "emulated-27b"
 PROFILE_HELP = "replica profile: a built-in name (study-27b, h200-27b, tiny) or a .toml/.json file"
 
@@ -30,7 +32,8 @@ def _replica(args: argparse.Namespace) -> int:
     from sim.emulator.server import ConstantEngine, EmulatedReplica, Faults, create_replica_app
     from sim.replica.profiles import load_profile
 
-    faults = Faults(corrupt_pool=args.corrupt_pool)
+    faults = Faults(corrupt_pool=args.corrupt_pool, corrupt_load=args.corrupt_load,
+                    corrupt_position=args.corrupt_position)
     if args.profile == "constant":
         if args.kv_events_endpoint:
             return fail("replica", ValueError("--kv-events-endpoint needs a model --profile"))
@@ -75,8 +78,15 @@ def add_replica_command(sub: Any) -> None:
     rep.add_argument("--kv-events-topic", default="kv-events")
     rep.add_argument("--kv-events-pool-medium", default="cpu", help="pool events' medium: "
                      "'cpu' (LMCache: stores only), 'CPU' (vLLM's CPU offload, replica-local)")
-    rep.add_argument("--corrupt-pool", action="store_true",
-                     help="fault: replies that loaded KV from the pool come out wrong")
+    rep.add_argument("--corrupt-pool", nargs="?", const="all", default="off", choices=MODES,
+                     help="fault: replies that loaded KV from the pool come out wrong: all "
+                          "(the default with no MODE), load (only with --corrupt-load requests "
+                          "in prefill), position (only loads past --corrupt-position), replica "
+                          "(the chunks this replica writes are wrong for every reader)")
+    rep.add_argument("--corrupt-load", type=int, default=DEFAULT_LOAD,
+                     help="the 'load' mode's threshold: requests in prefill, this one included")
+    rep.add_argument("--corrupt-position", type=int, default=DEFAULT_POSITION,
+                     help="the 'position' mode's prompt position")
     rep.add_argument("--time-scale", type=float, default=1.0,
                      help="wall seconds per model second (0.01: a 31.7 s prefill takes 0.317 s)")
     rep.add_argument("--ttft", type=float, default=0.0, help="constant TTFT, model seconds")

@@ -185,9 +185,10 @@ async def emulated_deployment(profile: Profile, *, policy: str, pool_on: bool, m
                            start=start) for i in range(replicas)]
     servers = LoopServers([create_replica_app(r) for r in built])
     # The experiments match x-lmroute-replica against replica URLs (live.py's lost replica).
+    # No live canary: its replays would add load and cache state the experiments do not count.
     options: dict[str, Any] = {"health_interval_s": 1.0, "scrape_interval_s": 0.5,
                                "pool_bytes": profile.pool_bytes if pool_on else 0,
-                               "expose_replica_header": True}
+                               "expose_replica_header": True, "canary_rate": 0.0}
     options.update(router_settings)
     try:
         async with servers as urls:

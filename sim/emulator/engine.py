@@ -55,7 +55,13 @@ from typing import Protocol
 import xxhash
 
 from router.prefix import pack_token_ids
-from sim.emulator.kv_events import Event, KvEventPublisher, block_removed, block_stored
+from sim.emulator.kv_events import (
+    Event,
+    KvEventPublisher,
+    all_blocks_cleared,
+    block_removed,
+    block_stored,
+)
 from sim.replica.gpu_cache import BlockKey
 from sim.replica.model import ReplicaModel, ReplicaRequest, Timeline
 
@@ -73,6 +79,8 @@ class TokenSchedule:
     pool_hit_tokens: int = 0  # part of cached_tokens loaded from the shared pool
     queue_s: float = 0.0  # part of ttft_s spent waiting for the prefill engine
     on_first_token: Callable[[], None] | None = None  # e.g. publish KV events
+    pool_loaded: tuple[BlockKey, ...] = ()  # chunk keys loaded from the pool
+    pool_stored: tuple[BlockKey, ...] = ()  # chunk keys this request wrote to the pool
 
 
 class Engine(Protocol):
@@ -159,9 +167,13 @@ class ModelEngine:
             if self.publisher is not None:
                 self.publisher.publish(events)
 
+        chunk = self.model.profile.chunk_tokens
+        loaded = keys[plan.gpu_hit_tokens // chunk : -(-plan.cached_tokens // chunk)] \
+            if plan.pool_hit_tokens else []
         return TokenSchedule(ttft_s=plan.ttft_s, tpot_s=plan.tpot_s, cached_tokens=plan.cached_tokens,
                     corrupt=plan.corrupt, pool_hit_tokens=plan.pool_hit_tokens,
-                    queue_s=plan.queue_s, on_first_token=publish)
+                    queue_s=plan.queue_s, on_first_token=publish, pool_loaded=tuple(loaded),
+                    pool_stored=tuple(plan.pool.stored))
 
     def _events(self, ids: Sequence[int], hashes: list[int], keys: list[BlockKey],
                 plan: Timeline, gpu_removed: list[int]) -> list[Event]:
@@ -207,6 +219,14 @@ class ModelEngine:
 
     def kv_usage(self) -> float:
         return self.model.kv_usage()
+
+    def reset_prefix_cache(self) -> None:
+        """vLLM's ``POST /reset_prefix_cache``: every GPU block goes (published as
+        ``AllBlocksCleared``); the pool keeps its chunks."""
+        self.model.gpu.clear()
+        self._gpu_blocks.clear()
+        if self.publisher is not None:
+            self.publisher.publish([all_blocks_cleared()])
 
 
 def _salt_chain_starts(events: list[Event], salt: str) -> None:

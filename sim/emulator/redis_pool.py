@@ -10,6 +10,8 @@ times, eviction of the least recent when full), kept in Redis under ``lmroute:po
 - ``lmroute:pool:lru``    sorted set: chunk key scored by a recency counter (``...:seq``)
 - ``lmroute:pool:stats``  hash: stores, stored_chunks, loads, loaded_chunks, evictions,
   corrupt_loads (never reset by ``clear``)
+- ``lmroute:pool:tainted`` set: chunk keys written wrong (the emulator's ``replica``
+  corrupt-pool mode, sim.emulator.corruption); emptied by ``clear``
 - ``lmroute:pool:meta``   hash: capacity_chunks, chunk_tokens, bytes_per_token,
   time_scale, epoch, written by the first replica (HSETNX); a later replica whose
   profile or time scale disagrees refuses to start, naming the field.
@@ -171,6 +173,18 @@ class RedisPool:
         pipe.execute()
         return self.corrupt
 
+    def taint(self, keys: Sequence[BlockKey]) -> None:
+        """Mark chunks as written wrong (sim.emulator.corruption's ``replica`` mode)."""
+        if keys:
+            self._r.sadd(PREFIX + "tainted", *(str(k) for k in keys))
+
+    def tainted(self, keys: Sequence[BlockKey]) -> bool:
+        """Whether any of ``keys`` was written wrong."""
+        if not keys:
+            return False
+        held: list[int] = self._r.smismember(PREFIX + "tainted", [str(k) for k in keys])  # type: ignore[assignment]
+        return any(held)
+
     @property
     def used_chunks(self) -> int:
         return int(self._r.zcard(PREFIX + "lru"))
@@ -184,7 +198,7 @@ class RedisPool:
         """Empty the pool (a restart); returns the keys that were held."""
         held: list[bytes] = self._r.zrange(PREFIX + "lru", 0, -1)  # type: ignore[assignment]
         keys = tuple(int(k) for k in held)
-        self._r.delete(PREFIX + "lru", PREFIX + "ready")
+        self._r.delete(PREFIX + "lru", PREFIX + "ready", PREFIX + "tainted")
         return keys
 
     def close(self) -> None:

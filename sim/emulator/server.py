@@ -20,9 +20,11 @@ Faults (POST /_emulator/faults, JSON, all optional; ``{}`` clears them):
 /health answer it; ``break_after_chunks`` drops the connection after that many SSE
 chunks; ``poison`` (a string) makes a completion whose body contains it answer a
 plain-text ``500 Internal Server Error``, as an engine's server does on an exception it did
-not catch (a "poison" request: every replica fails it); ``corrupt_pool`` makes every reply
-that loaded KV from the shared pool differ from the true one (the study's corrupted-copy
-bug class, for validation tools to catch).
+not catch (a "poison" request: every replica fails it); ``corrupt_pool`` (``true``, or a mode of
+``sim.emulator.corruption``: all, load, position, replica; with ``corrupt_load`` and
+``corrupt_position``) makes replies that loaded KV from the shared pool differ from the
+true ones (the study's corrupted-copy bug class, for validation tools to catch).
+Chat and completions answer ``logprobs`` (non-streamed) as vLLM does (``sim.emulator.replies``).
 """
 
 from __future__ import annotations
@@ -42,9 +44,11 @@ from starlette.routing import Route
 
 from router.disconnect import ClientGone, unless_gone
 from router.openai_api import lax_bool
+from sim.emulator.corruption import DEFAULT_LOAD, DEFAULT_POSITION, CorruptPool, corrupt_mode
 from sim.emulator.engine import ConstantEngine, Engine, TokenSchedule
 from sim.emulator.metrics import ReplicaMetrics
-from sim.emulator.tokens import prompt_token_ids, reply_words, tokenize_text
+from sim.emulator.replies import chat_logprobs, completion_logprobs, reply, requested_logprobs
+from sim.emulator.tokens import prompt_token_ids, tokenize_text
 
 Clock = Callable[[], float]
 __all__ = ["ConstantEngine", "EmulatedReplica", "Engine", "Faults", "TokenSchedule",
@@ -56,11 +60,18 @@ class Faults:
     http_status: int | None = None
     health_status: int | None = None
     break_after_chunks: int | None = None
-    corrupt_pool: bool = False
+    corrupt_pool: bool | str = False  # True is "all" (sim.emulator.corruption)
     poison: str | None = None
+    corrupt_load: int = DEFAULT_LOAD
+    corrupt_position: int = DEFAULT_POSITION
+
+    def corruption(self) -> CorruptPool:
+        return CorruptPool(corrupt_mode(self.corrupt_pool), self.corrupt_load,
+                           self.corrupt_position)
 
 
-_FAULT_KEYS = ("http_status", "health_status", "break_after_chunks", "corrupt_pool", "poison")
+_FAULT_KEYS = ("http_status", "health_status", "break_after_chunks", "corrupt_pool", "poison",
+               "corrupt_load", "corrupt_position")
 
 
 class BrokenStream(Exception):
@@ -101,6 +112,7 @@ class EmulatedReplica:
         self._labels = {"model_name": model, "engine": "0"}
         self.metrics.touch(self._labels)
         self._seq = 0
+        self._prefilling = 0  # requests admitted and not yet at their first token
         self.loras: dict[str, str] = {}  # LoRA adapters loaded at run time: name -> path
         self._start = clock() if start is None else start  # a shared pool's epoch
 
@@ -171,9 +183,15 @@ class EmulatedReplica:
         max_tokens = self._max_tokens(body, len(ids))
         if isinstance(max_tokens, Response):
             return max_tokens
-        plan = await self._prefill(ids, max_tokens, body.get("cache_salt"))
-        corrupt = plan.corrupt or (self.faults.corrupt_pool and plan.pool_hit_tokens > 0)
-        words = reply_words(ids, max_tokens, salt=1 if corrupt else 0)
+        self._prefilling += 1
+        busy = self._prefilling  # this one included: the corrupt-pool "load" mode's count
+        try:
+            plan = await self._prefill(ids, max_tokens, body.get("cache_salt"))
+        finally:
+            self._prefilling -= 1
+        corrupt = self.faults.corruption().corrupts(plan, self.engine, busy)
+        out = reply(ids, max_tokens, corrupt=corrupt, cached=plan.cached_tokens > 0)
+        words, top = out.words, requested_logprobs(endpoint, body)
         rid = self._request_id(request, "chatcmpl" if endpoint == "chat" else "cmpl")
         done = self._done_callback(ids, len(words))
         if lax_bool(body.get("stream")):  # vLLM reads it as pydantic's lax bool
@@ -193,11 +211,12 @@ class EmulatedReplica:
         choice: dict[str, Any]
         if endpoint == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text,
-                                              "tool_calls": []},
-                      "logprobs": None, "finish_reason": "length"}
+                                              "tool_calls": []}, "finish_reason": "length",
+                      "logprobs": None if top is None else chat_logprobs(out, top)}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+            choice = {"index": 0, "text": text, "finish_reason": "length",
+                      "logprobs": None if top is None else completion_logprobs(out, top)}
             obj = "text_completion"
         return Response(orjson.dumps({
             "id": rid, "object": obj, "created": self._created(), "model": self.model,
@@ -317,7 +336,12 @@ class EmulatedReplica:
 
     async def set_faults(self, request: Request) -> Response:
         data = orjson.loads(await request.body() or b"{}")
-        self.faults = Faults(**{k: data[k] for k in _FAULT_KEYS if k in data})
+        faults = Faults(**{k: data[k] for k in _FAULT_KEYS if k in data})
+        try:
+            faults.corruption()
+        except ValueError as exc:
+            return _error(400, str(exc))
+        self.faults = faults
         return Response(orjson.dumps({"faults": self.faults.__dict__}),
                         media_type="application/json")
 

@@ -234,6 +234,10 @@ class ReplicaSurface:
         return json_response({"is_sleeping": self.sleeping})
 
     async def reset_prefix_cache(self, request: Request) -> Response:
+        """vLLM's: the GPU prefix cache is emptied (the shared pool keeps its chunks)."""
+        reset = getattr(self.replica.engine, "reset_prefix_cache", None)
+        if reset is not None:
+            reset()
         return Response(b"", status_code=200)
 
     def routes(self) -> list[Route]:

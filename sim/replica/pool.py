@@ -75,6 +75,7 @@ class SharedPool:
         self.loads = 0
         self.loaded_chunks = 0
         self.corrupt_loads = 0
+        self._tainted: set[BlockKey] = set()
 
     @property
     def capacity_chunks(self) -> int:
@@ -120,6 +121,15 @@ class SharedPool:
             self.corrupt_loads += 1
         return self.corrupt
 
+    def taint(self, keys: Sequence[BlockKey]) -> None:
+        """Mark chunks as written wrong (the emulator's ``replica`` corrupt-pool mode)."""
+        self._tainted.update(keys)
+
+    def tainted(self, keys: Sequence[BlockKey]) -> bool:
+        """Whether any of ``keys`` was written wrong."""
+        return any(k in self._tainted for k in keys)
+
     def clear(self) -> tuple[BlockKey, ...]:
         """Empty the pool (a restart); returns the keys that were held."""
+        self._tainted.clear()
         return self._lru.clear()
