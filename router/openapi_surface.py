@@ -11,7 +11,8 @@ route added there.
               routes, /version, the audio uploads (multipart)
     internal  the fan-out routes (LoRA, sleep/wake, reset_prefix_cache, /is_sleeping):
               the admin key when one is set
-    admin     /admin/policy, /admin/split/weights, /admin/replicas[/drain]: present only
+    admin     /admin/policy, /admin/split/weights, /admin/replicas[/drain], /admin/canary
+              [/clear]: present only
               with an admin key (they answer 404 without one)
 """
 
@@ -130,4 +131,6 @@ def admin_paths(sec: Security) -> dict[str, Any]:
         "/admin/replicas": {"get": op(sec, (401,)), "post": op(sec, codes, url),
                             "delete": op(sec, codes, url)},
         "/admin/replicas/drain": {"post": op(sec, codes, drain)},
+        "/admin/canary": {"get": op(sec, (401,))},  # router.canary
+        "/admin/canary/clear": {"post": op(sec, (401,))},
     }

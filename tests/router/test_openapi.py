@@ -14,8 +14,9 @@ from router.app import create_app
 from router.openapi import openapi_document
 from router.settings import Settings
 
+# The admin API without a key: answers 404, as if absent.
 ALWAYS_404 = {"/admin/policy", "/admin/split/weights", "/admin/replicas",
-              "/admin/replicas/drain"}  # the admin API without a key: answers 404, as if absent
+              "/admin/replicas/drain", "/admin/canary", "/admin/canary/clear"}
 
 
 def _served(settings: Settings) -> set[tuple[str, str]]:
