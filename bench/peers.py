@@ -103,8 +103,8 @@ def router_cmds(args: argparse.Namespace, port: int, backends: list[str]) -> dic
             "--prometheus-port", str(free_port()), "--prometheus-host", HOST]
     for policy in args.policies:
         cmds[f"lmroute {policy}"] = [
-            *pin, sys.executable, "-m", "router.cli", "serve", *sum((["--backend", b]
-            for b in backends), []), "--policy", policy, "--host", HOST, "--port", str(port),
+            *pin, sys.executable, "-m", "router.cli", "serve", *[a for b in backends
+            for a in ("--backend", b)], "--policy", policy, "--host", HOST, "--port", str(port),
             "--drain-grace-s", "0", *args.lmroute_args]
     return cmds
 
@@ -117,7 +117,8 @@ def start_all(stack: ExitStack, args: argparse.Namespace, backends: list[str],
         port = free_port()
         cmd = router_cmds(args, port, backends)[name]
         proc = stack.enter_context(started(cmd, port, f"{name} ({tag})"))
-        check_replies(port, name) if tag == "fast" else None
+        if tag == "fast":
+            check_replies(port, name)
         up[name] = (port, proc.pid)
     return up
 

@@ -95,7 +95,7 @@ def table(doc: dict[str, Any]) -> str:
                 ok = m[key]["ratio"] >= bar if op == ">=" else m[key]["ratio"] <= bar
                 checks.append(f"{t} {key} {m[key]['ratio']:.2f}x {op} {bar}: "
                               f"{'met' if ok else 'NOT met'}")
-    return "\n".join(lines + ["", "Done-when (ratios):", *(f"- {c}" for c in checks)])
+    return "\n".join([*lines, "", "Done-when (ratios):", *(f"- {c}" for c in checks)])
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
