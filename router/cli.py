@@ -75,6 +75,9 @@ def _serve(args: argparse.Namespace) -> int:
                             log_config=None, log_level=settings.log_level, access_log=False,
                             server_header=False, date_header=False, http=JsonFramingProtocol,
                             timeout_graceful_shutdown=int(settings.drain_timeout_s))
+    from router.hotpath import freeze_gc
+
+    freeze_gc()  # start-up's objects out of the collector's walk (router/hotpath.py)
     DrainingServer(config, app.state.drain, settings.drain_grace_s).run()
     return 0
 

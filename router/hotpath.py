@@ -1,0 +1,70 @@
+"""The hot routes without FastAPI's per-request layers; the GC set for a long-lived server.
+
+``RouterApp`` is the FastAPI app with one change to ``__call__``: a POST to one of the
+paths given to ``serve_hot`` (``/v1/chat/completions``, ``/v1/completions``: nearly all of
+a router's traffic) goes to a plain Starlette app holding only those routes, built from
+the FastAPI app's own exception handlers and middleware (``ServerErrorMiddleware`` ->
+the user middleware, e.g. the access log -> ``ExceptionMiddleware`` -> a router of the hot
+routes), so errors, logs and responses are what they were. Skipped: FastAPI's per-request
+telemetry check (it reads ``os.environ`` on every request), its body-limit and exit-stack
+middleware (these routes use neither: ``router.gate`` enforces the body limit) and the
+match over every route. Any other method, path or scope type (lifespan) goes to FastAPI.
+docs/benchmarks.md has the measurement.
+
+``freeze_gc(threshold0)``: after start-up, ``gc.freeze()`` moves every object alive then
+(modules, the app, policies, the index) out of the collector's view, so a collection no
+longer walks them, and the young-generation threshold is raised from 700 to
+``threshold0`` allocations: a request allocates a few hundred container objects, nearly
+all freed by reference counting, so the default collected several times per request.
+Cycles are still collected, less often.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable
+
+from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+GC_THRESHOLD0 = 50_000  # allocations between young collections (CPython's default: 700)
+
+
+class RouterApp(FastAPI):
+    """FastAPI, with the hot routes served by a leaner Starlette stack."""
+
+    _hot_routes: list[Route]
+    _hot_paths: frozenset[str]
+    _hot_app: ASGIApp | None
+
+    def serve_hot(self, routes: Iterable[Route]) -> None:
+        """Serve POSTs to these routes' paths through the lean stack (built on first use,
+        so middleware added after this call is included)."""
+        self._hot_routes = list(routes)
+        self._hot_paths = frozenset(r.path for r in self._hot_routes)
+        self._hot_app = None
+
+    def _build_hot(self) -> ASGIApp:
+        return Starlette(routes=self._hot_routes, middleware=self.user_middleware,
+                         exception_handlers=self.exception_handlers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] == "POST" and not self.root_path
+                and scope["path"] in getattr(self, "_hot_paths", ())):
+            if self._hot_app is None:
+                self._hot_app = self._build_hot()
+            await self._hot_app(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def freeze_gc(threshold0: int = GC_THRESHOLD0) -> None:
+    """Collect once, freeze what survived start-up, and collect the young generation
+    every ``threshold0`` net allocations (0: leave the thresholds alone)."""
+    gc.collect()
+    gc.freeze()
+    if threshold0:
+        _, t1, t2 = gc.get_threshold()
+        gc.set_threshold(threshold0, t1, t2)
