@@ -101,6 +101,13 @@ def router_cmds(args: argparse.Namespace, port: int, backends: list[str]) -> dic
             *pin, str(exe), *sub, "--host", HOST, "--port", str(port), "--worker-urls", *backends,
             "--policy", "cache_aware", "--log-level", "error",
             "--prometheus-port", str(free_port()), "--prometheus-host", HOST]
+    if args.before:  # another checkout's lmroute (its own venv's entry point), same options
+        exe = str(Path(args.before) / ".venv" / "bin" / "lmroute")
+        for policy in args.before_policies:
+            cmds[f"lmroute@before {policy}"] = [
+                *pin, exe, "serve", *[a for b in backends for a in ("--backend", b)],
+                "--policy", policy, "--host", HOST, "--port", str(port), "--drain-grace-s", "0",
+                *args.lmroute_args]
     for policy in args.policies:
         cmds[f"lmroute {policy}"] = [
             *pin, sys.executable, "-m", "router.cli", "serve", *[a for b in backends
@@ -202,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     # The peers run at --log-level error (no per-request lines): lmroute's access log is off too.
     ap.add_argument("--lmroute-args", nargs="*", default=["--no-access-log"],
                     help="extra `lmroute serve` options (default: --no-access-log)")
+    ap.add_argument("--before", help="a checkout (with its .venv) whose lmroute runs too, as "
+                    "'lmroute@before POLICY': before/after in the same run")
+    ap.add_argument("--before-policies", nargs="+", default=["round_robin"])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--duration", type=int, default=8, help="seconds per loaded wrk run")
     ap.add_argument("--low-duration", type=int, default=5, help="seconds per c1 run")

@@ -97,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
                "--policy", args.policy, "--host", HOST, "--port", str(port), "--drain-grace-s", "0",
                *args.lmroute_args]
         proc = stack.enter_context(started(cmd, port, "lmroute"))
-        check_replies(port, "lmroute") if not paced else None
+        if not paced:
+            check_replies(port, "lmroute")
         run_wrk(port, lua, cpu=LOAD_CPU, threads=2, conns=64, duration_s=2)
         raw = Path(tmp) / "raw.txt"
-        spy = subprocess.Popen([str(Path(args.peers_venv) / "bin" / "py-spy"), "record", "--format", "raw",
-                                "-o", str(raw), "-r", str(args.rate), "-d", str(args.duration),
+        spy_exe = str(Path(args.peers_venv) / "bin" / "py-spy")
+        spy = subprocess.Popen([spy_exe, "record", "--format", "raw", "-o", str(raw),
+                                "-r", str(args.rate), "-d", str(args.duration),
                                 "-p", str(proc.pid), "--nonblocking"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)
@@ -110,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         cpu = tree_cpu_s(proc.pid) - cpu0
         spy.wait(timeout=60)
         text = raw.read_text()
+    per_req = cpu / max(1, stats["requests"]) * 1e6
     head = (f"lmroute serve --policy {args.policy} {' '.join(args.lmroute_args)}; mode {args.mode}; "
-            f"wrk -t2 -c64: {stats['rps']:.0f} req/s, router CPU {cpu / max(1, stats['requests']) * 1e6:.0f}"
+            f"wrk -t2 -c64: {stats['rps']:.0f} req/s, router CPU {per_req:.0f}"
             f" us/request; py-spy {args.rate}/s --nonblocking\n")
     summary = head + summarise(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

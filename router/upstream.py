@@ -88,11 +88,15 @@ class UpstreamResponse:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Yield body bytes as the replica sends them (no buffering, no re-framing)."""
-        try:
-            async for chunk in self._resp.content.iter_any():
-                yield chunk
-        except _CLIENT_ERRORS as exc:
-            raise UpstreamStreamBroken(f"replica stream broke: {exc!r}") from exc
+        read = self._resp.content.readany  # iter_any() without its iterator object
+        while True:
+            try:
+                chunk = await read()
+            except _CLIENT_ERRORS as exc:
+                raise UpstreamStreamBroken(f"replica stream broke: {exc!r}") from exc
+            if not chunk:
+                break
+            yield chunk
         # Read to the end: the connection goes back to the keep-alive pool.
         self._resp.release()
 
