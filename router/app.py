@@ -143,4 +143,5 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     app.state.admin = admin
     app.state.gate = gate
     app.state.drain = drain
+    app.drain = drain  # responses say `connection: close` while draining (router.hotpath)
     return app

@@ -11,6 +11,11 @@ middleware (these routes use neither: ``router.gate`` enforces the body limit) a
 match over every route. Any other method, path or scope type (lifespan) goes to FastAPI.
 docs/benchmarks.md has the measurement.
 
+While draining (``router.drain``: after SIGTERM, during the grace) every response carries
+``connection: close``: clients leave this process's keep-alive connections as each
+request ends, instead of racing the close of idle ones when the listener shuts (with
+``--workers``, their next connection lands on a worker that is not stopping).
+
 ``freeze_gc(threshold0)``: after start-up, ``gc.freeze()`` moves every object alive then
 (modules, the app, policies, the index) out of the collector's view, so a collection no
 longer walks them, and the young-generation threshold is raised from 700 to
@@ -27,7 +32,9 @@ from collections.abc import Iterable
 from fastapi import FastAPI
 from starlette.applications import Starlette
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from router.drain import Drain
 
 GC_THRESHOLD0 = 50_000  # allocations between young collections (CPython's default: 700)
 
@@ -38,6 +45,7 @@ class RouterApp(FastAPI):
     _hot_routes: list[Route]
     _hot_paths: frozenset[str]
     _hot_app: ASGIApp | None
+    drain: Drain | None = None  # set by create_app
 
     def serve_hot(self, routes: Iterable[Route]) -> None:
         """Serve POSTs to these routes' paths through the lean stack (built on first use,
@@ -51,6 +59,8 @@ class RouterApp(FastAPI):
                          exception_handlers=self.exception_handlers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.drain is not None and self.drain.draining and scope["type"] == "http":
+            send = closing(send)
         if (scope["type"] == "http" and scope["method"] == "POST" and not self.root_path
                 and scope["path"] in getattr(self, "_hot_paths", ())):
             if self._hot_app is None:
@@ -58,6 +68,18 @@ class RouterApp(FastAPI):
             await self._hot_app(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
+
+
+def closing(send: Send) -> Send:
+    """``send`` with ``connection: close`` added to the response's head."""
+
+    async def closed(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()),
+                                              (b"connection", b"close")]}
+        await send(message)
+
+    return closed
 
 
 def freeze_gc(threshold0: int = GC_THRESHOLD0) -> None:
