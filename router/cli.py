@@ -80,6 +80,7 @@ def _serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             log_config=None, log_level=settings.log_level, access_log=False,
                             server_header=False, date_header=False, http=JsonFramingProtocol,
+                            proxy_headers=False,  # nothing reads the client address or scheme
                             timeout_graceful_shutdown=int(settings.drain_timeout_s))
     # Start-up's objects out of the collector's walk (router/hotpath.py); before a fork,
     # also what keeps the workers' copies of them shared.

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import aiohttp
+import yarl
 
 from router.errors import UpstreamConnectError, UpstreamStreamBroken
 
@@ -118,11 +119,15 @@ class Upstream:
         self._first_byte_timeout_s = first_byte_timeout_s
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, yarl.URL] = {}  # parsed once: aiohttp re-parses a str per request
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self._pool_size, limit_per_host=0)
         self._session = aiohttp.ClientSession(
             connector=connector,
+            # The client's own Cookie header is forwarded as is; the router keeps no jar
+            # (a jar would hand one client's replica cookies to every other client).
+            cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
             timeout=aiohttp.ClientTimeout(
@@ -148,8 +153,13 @@ class Upstream:
         body: bytes | AsyncIterable[bytes] | None,
     ) -> UpstreamResponse:
         """Send a request; return when the replica's headers arrived."""
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) >= 4096:  # replicas x paths is small; bound it anyway
+                self._urls.clear()
+            parsed = self._urls[url] = yarl.URL(url)
         try:
-            resp = await self.session.request(method, url, headers=headers, data=body)
+            resp = await self.session.request(method, parsed, headers=headers, data=body)
         except _CLIENT_ERRORS as exc:
             raise UpstreamConnectError(f"replica {url} unreachable: {exc!r}") from exc
         return UpstreamResponse(status=resp.status, headers=list(resp.headers.items()), _resp=resp)
