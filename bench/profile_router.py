@@ -63,6 +63,9 @@ def summarise(raw: str, top: int = 25) -> str:
     out += [f"  {100 * n / total:5.1f}%  {g}" for g, n in incl_group.most_common(20)]
     out += ["", f"top {top} functions by self time:"]
     out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in self_fn.most_common(top)]
+    mine = [(f, n) for f, n in self_fn.most_common() if group_of(f) in ("router", "policies")]
+    out += ["", f"top {top} router/policies functions by self time:"]
+    out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in mine[:top]]
     out += ["", f"top {top} functions by total time:"]
     out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in incl_fn.most_common(top)]
     return "\n".join(out)
@@ -112,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         cpu = tree_cpu_s(proc.pid) - cpu0
         spy.wait(timeout=60)
         text = raw.read_text()
+        Path("out").mkdir(exist_ok=True)
+        Path("out", args.out.stem + ".raw").write_text(text)  # for flame graphs
     per_req = cpu / max(1, stats["requests"]) * 1e6
     head = (f"lmroute serve --policy {args.policy} {' '.join(args.lmroute_args)}; mode {args.mode}; "
             f"wrk -t2 -c64: {stats['rps']:.0f} req/s, router CPU {per_req:.0f}"

@@ -2,14 +2,20 @@
 
 ``RouterApp`` is the FastAPI app with one change to ``__call__``: a POST to one of the
 paths given to ``serve_hot`` (``/v1/chat/completions``, ``/v1/completions``: nearly all of
-a router's traffic) goes to a plain Starlette app holding only those routes, built from
-the FastAPI app's own exception handlers and middleware (``ServerErrorMiddleware`` ->
-the user middleware, e.g. the access log -> ``ExceptionMiddleware`` -> a router of the hot
-routes), so errors, logs and responses are what they were. Skipped: FastAPI's per-request
-telemetry check (it reads ``os.environ`` on every request), its body-limit and exit-stack
-middleware (these routes use neither: ``router.gate`` enforces the body limit) and the
-match over every route. Any other method, path or scope type (lifespan) goes to FastAPI.
-docs/benchmarks.md has the measurement.
+a router's traffic) goes straight to that route's endpoint through ``_Lean``, wrapped in
+the app's user middleware (the access log). Skipped: FastAPI's per-request telemetry
+check (it reads ``os.environ`` on every request), its body-limit and exit-stack
+middleware (these routes use neither: ``router.gate`` enforces the body limit),
+Starlette's two exception middlewares, the match over every route and the
+request/response adapter: five layers, three of which wrapped ``send``, so a streamed
+reply paid for them on every event. Any other method, path or scope type (lifespan)
+goes to FastAPI. docs/benchmarks.md has the measurement.
+
+``_Lean`` keeps Starlette's error contract, using the app's own handlers: an exception
+raised by the endpoint goes to the handler registered for its class (``LmrouteError``,
+``HTTPException``: an OpenAI-shaped response); any other goes to the ``Exception``
+handler (logged, a 500 sent) and is raised on to the server, as ``ServerErrorMiddleware``
+does; an exception once the response is under way is logged the same way and raised.
 
 While draining (``router.drain``: after SIGTERM, during the grace) every response carries
 ``connection: close``: clients leave this process's keep-alive connections as each
@@ -28,9 +34,10 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterable
+from typing import Any
 
 from fastapi import FastAPI
-from starlette.applications import Starlette
+from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -39,8 +46,41 @@ from router.drain import Drain
 GC_THRESHOLD0 = 50_000  # allocations between young collections (CPython's default: 700)
 
 
+class _Lean:
+    """The hot routes' endpoints with Starlette's exception handling, and nothing else."""
+
+    def __init__(self, endpoints: dict[str, Any], handlers: dict[Any, Any], fallback: Any):
+        self.endpoints = endpoints
+        self.handlers = {k: v for k, v in handlers.items() if isinstance(k, type)}
+        self.fallback = fallback
+
+    def _handler(self, exc: Exception) -> Any:
+        for cls in type(exc).__mro__:
+            if cls in self.handlers:
+                return self.handlers[cls]
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive, send)
+        try:
+            response = await self.endpoints[scope["path"]](request)
+        except Exception as exc:
+            handler = self._handler(exc)
+            if handler is None:  # ServerErrorMiddleware: log, answer 500, raise on
+                await (await self.fallback(request, exc))(scope, receive, send)
+                raise
+            await (await handler(request, exc))(scope, receive, send)
+            exc.__traceback__ = None  # as Starlette: handled instances may be reused
+            return
+        try:
+            await response(scope, receive, send)
+        except Exception as exc:  # the response had started: log it, raise on
+            await self.fallback(request, exc)
+            raise
+
+
 class RouterApp(FastAPI):
-    """FastAPI, with the hot routes served by a leaner Starlette stack."""
+    """FastAPI, with the hot routes served without its per-request layers."""
 
     _hot_routes: list[Route]
     _hot_paths: frozenset[str]
@@ -55,8 +95,13 @@ class RouterApp(FastAPI):
         self._hot_app = None
 
     def _build_hot(self) -> ASGIApp:
-        return Starlette(routes=self._hot_routes, middleware=self.user_middleware,
-                         exception_handlers=self.exception_handlers)
+        handlers = dict(self.exception_handlers)
+        fallback = handlers.pop(Exception, None) or handlers.pop(500, None)
+        assert fallback is not None, "install_error_handlers(app) registers the catch-all"
+        app: ASGIApp = _Lean({r.path: r.endpoint for r in self._hot_routes}, handlers, fallback)
+        for m in reversed(self.user_middleware):
+            app = m.cls(app, *m.args, **m.kwargs)
+        return app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.drain is not None and self.drain.draining and scope["type"] == "http":
