@@ -19,6 +19,10 @@ to one core), the backends and wrk on core 1.
 - ``wrk -t1 -c1`` non-streamed on the fast backends, and directly at one of them: added
   latency p50/p99 = router minus direct, measured in the same round.
 
+``--workers-policies P`` adds ``lmroute serve --workers N`` targets, all N workers pinned
+to the router core with the rest: on a 2-core machine whose other core runs the load, the
+scaling question is CPU per request (summed over the workers), not throughput.
+
 Each cell also records the 1-minute load average and how busy core 0 was beyond the
 router itself (``core0_other``: other processes on the router's core, the noise).
 
@@ -108,6 +112,16 @@ def router_cmds(args: argparse.Namespace, port: int, backends: list[str]) -> dic
                 *pin, exe, "serve", *[a for b in backends for a in ("--backend", b)],
                 "--policy", policy, "--host", HOST, "--port", str(port), "--drain-grace-s", "0",
                 *args.lmroute_args]
+    for policy in args.workers_policies:  # N workers, all on the router core: CPU/request
+        cmds[f"lmroute {policy} x{args.workers} workers"] = [
+            *pin, sys.executable, "-m", "router.cli", "serve", *[a for b in backends
+            for a in ("--backend", b)], "--policy", policy, "--host", HOST, "--port", str(port),
+            "--drain-grace-s", "0", "--workers", str(args.workers), *args.lmroute_args]
+    for variant in args.variant:  # NAME=ARGS: `lmroute serve ARGS` as target NAME
+        name, _, extra = variant.partition("=")
+        cmds[name] = [*pin, sys.executable, "-m", "router.cli", "serve", *[a for b in backends
+                      for a in ("--backend", b)], "--host", HOST, "--port", str(port),
+                      "--drain-grace-s", "0", *args.lmroute_args, *extra.split()]
     for policy in args.policies:
         cmds[f"lmroute {policy}"] = [
             *pin, sys.executable, "-m", "router.cli", "serve", *[a for b in backends
@@ -212,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", help="a checkout (with its .venv) whose lmroute runs too, as "
                     "'lmroute@before POLICY': before/after in the same run")
     ap.add_argument("--before-policies", nargs="+", default=["round_robin"])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers-policies", nargs="*", default=[],
+                    help="also run these policies with --workers N ('lmroute P xN workers')")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=ARGS: also `lmroute serve ARGS` as target NAME (repeat)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--duration", type=int, default=8, help="seconds per loaded wrk run")
     ap.add_argument("--low-duration", type=int, default=5, help="seconds per c1 run")

@@ -84,7 +84,8 @@ def _serve(args: argparse.Namespace) -> int:
                             timeout_graceful_shutdown=int(settings.drain_timeout_s))
     # Start-up's objects out of the collector's walk (router/hotpath.py); before a fork,
     # also what keeps the workers' copies of them shared.
-    freeze_gc()
+    if settings.gc_freeze:
+        freeze_gc(settings.gc_threshold0)
 
     def serve(sock: socket.socket | None) -> int:
         DrainingServer(config, app.state.drain, settings.drain_grace_s).run(
