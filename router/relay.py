@@ -13,6 +13,8 @@ Around the loop, the same contract the ``StreamingResponse`` version had:
   ``receive()``; the cancellation is swallowed, as Starlette's task group did;
 - a replica stream that breaks after bytes reached the client ends with an SSE error
   event (``router.errors.sse_error_event``) and a clean close: there is no retry;
+- ``wrap(f)`` lets a route read the bytes as they pass (``f`` maps the chunk iterator to
+  one yielding the same chunks: the Responses API learns its response ids this way);
 - ``first_byte()`` runs once, at the first body bytes (TTFT); ``finish(ended, ok)`` runs
   exactly once, however the relay ended (``ended``: the replica's stream was read to its
   end; ``ok``: and it did not break), after the upstream connection is released or closed.
@@ -21,7 +23,7 @@ Around the loop, the same contract the ``StreamingResponse`` version had:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -40,6 +42,12 @@ class Relay(Response):
         self.background = None
         self.upstream = upstream
         self._first_byte, self._broken, self._finish = first_byte, broken, finish
+        self._wrap: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None
+
+    def wrap(self, f: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]]) -> None:
+        """Relay ``f(chunks)`` instead of the replica's chunks (after any earlier wrap)."""
+        inner = self._wrap
+        self._wrap = f if inner is None else (lambda chunks: f(inner(chunks)))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
@@ -72,8 +80,11 @@ class Relay(Response):
     async def _pump(self, send: Send) -> bool:
         """Relay the replica's bytes until its stream ends; False if it broke."""
         first = True
+        chunks = self.upstream.chunks()
+        if self._wrap is not None:
+            chunks = self._wrap(chunks)
         try:
-            async for chunk in self.upstream.chunks():
+            async for chunk in chunks:
                 if first:
                     first = False
                     self._first_byte()
