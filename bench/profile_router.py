@@ -8,6 +8,7 @@ samples by where the time goes (package of the innermost frame outside the stand
 library, else the stdlib module) and lists the top functions by self and total time.
 
     .venv/bin/python bench/profile_router.py --mode non-stream --out docs/profiles/x.txt
+        [--lmroute-exe /path/to/other/checkout/.venv/bin/lmroute]
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=int, default=12)
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples/s")
     ap.add_argument("--lmroute-args", nargs="*", default=["--no-access-log"])
+    ap.add_argument("--lmroute-exe", help="another checkout's lmroute (e.g. main's "
+                    ".venv/bin/lmroute): its profile, for before/after")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     py = sys.executable
@@ -95,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                  "--port", str(port), "--tokens", str(args.events if paced else 16),
                  "--token-delay", str(args.delay_ms / 1000 if paced else 0)], port, "backend"))
         port = free_port()
-        cmd = ["taskset", "-c", ROUTER_CPU, py, "-m", "router.cli", "serve",
+        exe = [args.lmroute_exe] if args.lmroute_exe else [py, "-m", "router.cli"]
+        cmd = ["taskset", "-c", ROUTER_CPU, *exe, "serve",
                *[a for b in backends for a in ("--backend", f"http://{HOST}:{b}")],
                "--policy", args.policy, "--host", HOST, "--port", str(port), "--drain-grace-s", "0",
                *args.lmroute_args]
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         Path("out").mkdir(exist_ok=True)
         Path("out", args.out.stem + ".raw").write_text(text)  # for flame graphs
     per_req = cpu / max(1, stats["requests"]) * 1e6
-    head = (f"lmroute serve --policy {args.policy} {' '.join(args.lmroute_args)}; mode {args.mode}; "
+    head = (f"{args.lmroute_exe or 'this checkout'}: lmroute serve --policy {args.policy} {' '.join(args.lmroute_args)}; mode {args.mode}; "
             f"wrk -t2 -c64: {stats['rps']:.0f} req/s, router CPU {per_req:.0f}"
             f" us/request; py-spy {args.rate}/s --nonblocking\n")
     summary = head + summarise(text)
