@@ -122,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         Path("out").mkdir(exist_ok=True)
         Path("out", args.out.stem + ".raw").write_text(text)  # for flame graphs
     per_req = cpu / max(1, stats["requests"]) * 1e6
-    head = (f"{args.lmroute_exe or 'this checkout'}: lmroute serve --policy {args.policy} {' '.join(args.lmroute_args)}; mode {args.mode}; "
+    who = args.lmroute_exe or "this checkout"
+    head = (f"{who}: lmroute serve --policy {args.policy} {' '.join(args.lmroute_args)}; "
+            f"mode {args.mode}; "
             f"wrk -t2 -c64: {stats['rps']:.0f} req/s, router CPU {per_req:.0f}"
             f" us/request; py-spy {args.rate}/s --nonblocking\n")
     summary = head + summarise(text)
