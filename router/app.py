@@ -21,7 +21,7 @@ from policies.base import Policy
 from policies.split import parse_policy_ref
 from router.admin import PolicyAdmin
 from router.drain import Drain
-from router.events import EngineEvents, KvIngest, parse_sources
+from router.events import EngineEvents, EventConfig, KvIngest
 from router.gate import Gate
 from router.hotpath import RouterApp
 from router.index import PrefixIndex, open_index
@@ -76,6 +76,17 @@ def _gate(settings: Settings, replicas: ReplicaSet) -> Gate:
                 max_body_bytes=settings.max_body_bytes, replica_names=names)
 
 
+def _events(settings: Settings, config: EventConfig, index: PrefixIndex, upstream: Upstream,
+            metrics: RouterMetrics, block_tokens: int) -> EngineEvents:
+    """The KV-event subscribers: the static replicas' now, joining ones' from ``config``."""
+    served = ServedModels(upstream, settings.health_timeout_s, settings.served_model)
+    ingest = KvIngest(index, served, block_tokens=block_tokens,
+                      max_blocks=settings.kv_events_max_blocks, on_error=metrics.index_error,
+                      local_media=settings.kv_events_local_media)
+    sources = [s for b in settings.backends for s in config.sources_for(b)]
+    return EngineEvents(sources, ingest, topic=settings.kv_events_topic, config=config)
+
+
 def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     """Build the router app for ``settings``; nothing starts until the lifespan runs."""
     if not settings.backends and not settings.backends_file:
@@ -83,22 +94,21 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     urls, dns = split_backends(settings.backends)  # dns+ names: router.membership
     settings = dataclasses.replace(settings, backends=tuple(urls))
     policy_name, policy_options, policy = _policy(settings)
-    upstream = Upstream(settings.connect_timeout_s, settings.first_byte_timeout_s)
+    upstream = Upstream(settings.connect_timeout_s, settings.first_byte_timeout_s,
+                        keepalive_s=settings.upstream_keepalive_s)
     replicas = _replicas(settings, upstream, clock)
     metrics = RouterMetrics(replicas)
     # Token mode hashes the engine's token ids; text mode about four bytes of text per token.
     tokenizer = ChatTokenizer.from_dir(settings.tokenizer) if settings.tokenizer else None
     block_tokens = settings.block_tokens if tokenizer else settings.block_bytes // 4
-    sources = parse_sources(settings.backends, settings.kv_events, settings.kv_events_replay)
-    if sources and tokenizer is None:
+    # Replicas may join at run time (admin API, file, DNS): they get sources from the config.
+    config = EventConfig.parse(settings.backends, settings.kv_events, settings.kv_events_replay,
+                               dynamic=bool(settings.admin_key or settings.backends_file or dns))
+    if config.enabled and tokenizer is None:
         raise ValueError("--kv-events needs --tokenizer: event keys are token-mode keys")
     index = _index(settings, block_tokens, metrics)
     metrics.watch_index(index)
-    served = ServedModels(upstream, settings.health_timeout_s, settings.served_model)
-    ingest = KvIngest(index, served, block_tokens=block_tokens,
-                      max_blocks=settings.kv_events_max_blocks, on_error=metrics.index_error,
-                      local_media=settings.kv_events_local_media)
-    events = EngineEvents(sources, ingest, topic=settings.kv_events_topic)
+    events = _events(settings, config, index, upstream, metrics, block_tokens)
     locator = Locator(index, metrics, block_bytes=settings.block_bytes,
                       pool_write_through=settings.pool_write_through and settings.pool_bytes > 0,
                       tokenizer=tokenizer, block_tokens=block_tokens, precise=events.precise,
@@ -111,6 +121,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     gate = _gate(settings, replicas)
     surface = Surface.build(settings, proxy=proxy, replicas=replicas, upstream=upstream,
                             gate=gate, dns=dns)
+    surface.membership.watchers.append(events)  # joining replicas get KV-event subscribers
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -77,11 +77,14 @@ def _serve(args: argparse.Namespace) -> int:
     # The replica's own Date/Server headers pass through: uvicorn must not add a second pair.
     # Malformed HTTP is answered OpenAI-shaped (router/framing.py). SIGTERM drains
     # (router/drain.py). Logging is router.logs' (log_config=None keeps uvicorn's hands off).
+    # Idle client connections outlive the clients' own expiry (httpx 5 s, uvicorn's default
+    # too): with equal timers a request sent as the router closes the connection is reset.
     config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             log_config=None, log_level=settings.log_level, access_log=False,
                             server_header=False, date_header=False, http=JsonFramingProtocol,
                             proxy_headers=False,  # nothing reads the client address or scheme
-                            timeout_graceful_shutdown=int(settings.drain_timeout_s))
+                            timeout_graceful_shutdown=int(settings.drain_timeout_s),
+                            timeout_keep_alive=settings.keep_alive_s)
     # Start-up's objects out of the collector's walk (router/hotpath.py); before a fork,
     # also what keeps the workers' copies of them shared.
     if settings.gc_freeze:

@@ -31,8 +31,10 @@ vs anything else), when present, decides the rest; else a medium in ``local_medi
 and any other (LMCache's "cpu", storage) the shared pool, tracked in one tracker shared
 by all replicas (its hashes are content addressed). A replica-local block counts as that
 replica's cached prefix (index tier GPU; no load cost is modelled) and never as the
-pool's, so other replicas do not see it. Each replica has one tracker per (DP rank,
-local) scope; a removal evicts only keys no other scope of the replica holds whole.
+pool's, so other replicas do not see it. vLLM's offload stores name GPU blocks without
+their tokens (by default): they are keyed from the replica's GPU scope
+(``ChainTracker.adopt``). Each replica has one tracker per (DP rank, local) scope; a
+removal evicts only keys no other scope of the replica holds whole.
 ``AllBlocksCleared`` (``/reset_prefix_cache``; vLLM publishes it with its next engine
 step), a restart or an unfilled gap drop that rank's scopes (the whole replica when
 nothing else of it is tracked). Keys are rooted in ``root_key(model, salt, lora_name)``
@@ -50,19 +52,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
 
 from policies.base import ReplicaId, Tier
-from router.event_sources import EventSource, parse_sources
+from router.event_sources import EventConfig, EventSource, SourceState, parse_sources
 from router.index import IndexUnavailable, PrefixIndex
 from router.kv_blocks import ChainTracker, Cleared, Removed, Stored, decode_payload, root_salt
 from router.prefix import BlockKey, root_key
 from router.tasks import cancel_all
 
-__all__ = ["EngineEvents", "EventSource", "KvIngest", "parse_sources", "placement"]
+__all__ = ["EngineEvents", "EventConfig", "EventSource", "KvIngest", "parse_sources",
+           "placement"]
 log = logging.getLogger("lmroute.events")
 LOCAL_MEDIA = ("CPU",)  # vLLM's OffloadingConnector to CPU: the engine's own memory
 _LOCAL = frozenset({"local", "replica", "instance", "node"})
@@ -81,34 +83,6 @@ def replay_frames(frames: Sequence[bytes]) -> tuple[int, bytes] | None:
     if len(frames) == 3 and len(frames[1]) == 8:
         return int.from_bytes(frames[1], "big", signed=True), frames[2]
     return None
-
-
-@dataclass(slots=True)
-class SourceState:
-    """Counters and sequence state of one publisher, shown in ``/replicas``."""
-
-    source: EventSource
-    last_seq: int | None = None
-    batches: int = 0
-    restarts: int = 0
-    gaps: int = 0
-    replayed: int = 0
-    cleared: int = 0
-    malformed: int = 0
-    blocks_stored: int = 0
-    blocks_removed: int = 0
-    last_batch_at: float | None = None
-    group_idx: int | None = field(default=None)
-
-    def as_json(self, now: float) -> dict[str, object]:
-        age = None if self.last_batch_at is None else round(now - self.last_batch_at, 3)
-        return {
-            "endpoint": self.source.endpoint, "replay": self.source.replay, "rank": self.source.rank,
-            "last_seq": self.last_seq, "batches": self.batches, "restarts": self.restarts,
-            "gaps": self.gaps, "replayed": self.replayed, "cleared": self.cleared,
-            "malformed": self.malformed, "blocks_stored": self.blocks_stored,
-            "blocks_removed": self.blocks_removed, "last_batch_age_s": age,
-        }
 
 
 def placement(event: Stored | Removed, local_media: Sequence[str] = LOCAL_MEDIA) -> str:
@@ -156,6 +130,11 @@ class KvIngest:
         scopes = list(self._scopes.get(replica, {}).values())
         return [k for k in keys if not any(t.holds(k) for t in scopes)]
 
+    def drop(self, replica: ReplicaId) -> None:
+        """Forget a replica's trackers (it left the set; the index forgets it too)."""
+        for tracker in self._scopes.pop(replica, {}).values():
+            tracker.clear()
+
     async def forget(self, replica: ReplicaId, rank: int | None = None) -> None:
         """Drop one rank's scopes (restart, gap, cleared), or the whole replica."""
         scopes = self._scopes.get(replica, {})
@@ -191,6 +170,8 @@ class KvIngest:
                     state.group_idx = event.group_idx
                 if event.group_idx not in (None, state.group_idx):
                     continue
+                if where == "local" and await self._adopted(state, event):
+                    continue
                 salt, keyable = root_salt(event)
                 if not keyable:
                     tracker.unresolved += len(event.hashes)
@@ -209,6 +190,17 @@ class KvIngest:
                 keys = tracker.remove(event.hashes)
                 keys = keys if pool else self._unheld(replica, keys)
                 await self._write(self.index.evict(keys, tier, who) if keys else None)
+
+    async def _adopted(self, state: SourceState, event: Stored) -> bool:
+        """A CPU-offload store of blocks the replica's GPU scope has keyed (vLLM's offload
+        events carry no token ids by default): held in its local scope from those keys."""
+        replica, rank = state.source.replica, state.source.rank
+        keys = self.tracker(replica, rank, True).adopt(self.tracker(replica, rank), event)
+        if keys is None:
+            return False
+        state.blocks_stored += len(event.hashes)
+        await self._write(self.index.record(keys, Tier.GPU, replica) if keys else None)
+        return True
 
     async def _write(self, call: Awaitable[None] | None) -> None:
         if call is None:
@@ -306,20 +298,43 @@ class Subscriber:
 
 
 class EngineEvents:
-    """All subscribers of one router; owned by the app's lifespan."""
+    """All subscribers of one router; owned by the app's lifespan.
+
+    The static replicas' sources are given at construction; a replica joining at run time
+    gets its own from ``config`` (``joined``), and one leaving has its subscribers stopped
+    and what its events put in the trackers dropped (``left``; the membership then makes
+    the index forget the replica).
+    """
 
     def __init__(self, sources: Sequence[EventSource], ingest: KvIngest, *, topic: str = "",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 config: EventConfig | None = None) -> None:
         self.ingest = ingest
-        self._sources = list(sources)
+        self.config = config
         self._topic = topic
         self._clock = clock
         self.ranks: dict[ReplicaId, list[SourceState]] = {}
-        for source in self._sources:
-            self.ranks.setdefault(source.replica, []).append(SourceState(source))
-        self.states = {replica: ranks[0] for replica, ranks in self.ranks.items()}  # rank 0
+        self.states: dict[ReplicaId, SourceState] = {}  # rank 0's
         self._ctx: zmq.asyncio.Context | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[ReplicaId, list[asyncio.Task[None]]] = {}
+        self._add(sources)
+
+    def _add(self, sources: Sequence[EventSource]) -> list[SourceState]:
+        added = [SourceState(source) for source in sources]
+        for state in added:
+            self.ranks.setdefault(state.source.replica, []).append(state)
+            self.states.setdefault(state.source.replica, state)
+        return added
+
+    def _subscribe(self, states: Sequence[SourceState]) -> None:
+        if not states:
+            return
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+        for state in states:
+            sub = Subscriber(self._ctx, state, self.ingest, self._topic)
+            self._tasks.setdefault(state.source.replica, []).append(
+                asyncio.create_task(sub.run()))
 
     def precise(self, replica: ReplicaId) -> bool:
         return any(state.batches > 0 for state in self.ranks.get(replica, ()))
@@ -338,15 +353,31 @@ class EngineEvents:
         return out
 
     def start(self) -> None:
-        if not self._sources:
+        self._subscribe([s for ranks in self.ranks.values() for s in ranks])
+
+    def joined(self, replica: ReplicaId) -> None:
+        """A replica joined at run time: subscribe to its publishers (from ``config``)."""
+        if self.config is None or replica in self.ranks:
             return
-        self._ctx = zmq.asyncio.Context()
-        for state in (s for ranks in self.ranks.values() for s in ranks):
-            sub = Subscriber(self._ctx, state, self.ingest, self._topic)
-            self._tasks.append(asyncio.create_task(sub.run()))
+        try:
+            sources = self.config.sources_for(replica)
+        except ValueError as exc:  # a template that gives this URL no valid port
+            log.warning("replica %s: no KV-event source: %s", replica, exc)
+            return
+        self._subscribe(self._add(sources))
+
+    async def left(self, replica: ReplicaId) -> None:
+        """A replica left: stop its subscribers, drop its trackers (the index entries are
+        the membership's to forget, after this)."""
+        await cancel_all(self._tasks.pop(replica, []))
+        self.ranks.pop(replica, None)
+        self.states.pop(replica, None)
+        self.ingest.drop(replica)
 
     async def stop(self) -> None:
-        await cancel_all(self._tasks)
+        for tasks in self._tasks.values():
+            await cancel_all(tasks)
+        self._tasks.clear()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None

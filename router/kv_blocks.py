@@ -1,6 +1,7 @@
 """Engine KV events -> our block keys: decoding vLLM's payloads and tracking engine chains.
 
-Decoding (``decode_payload``). A payload is msgpack ``[ts, events, data_parallel_rank]``.
+Decoding (``decode_payload``). A payload is msgpack ``[ts, events, data_parallel_rank]``
+(or, from newer vLLM, a map of those names).
 Each event is either a map with ``"type"`` (vLLM >= PR #42892: msgspec tagged structs)
 or, before, a positional array ``[tag, field, ...]`` in the struct's field order. Both
 become ``Stored`` / ``Removed`` / ``Cleared``; unknown event types are skipped.
@@ -118,13 +119,21 @@ def decode_event(raw: Any) -> Event | None:
 
 
 def decode_payload(payload: bytes) -> tuple[float, list[Event]]:
-    """``[ts, events, rank]`` -> (ts, events); raises ValueError on a malformed payload."""
+    """A batch -> (ts, events); raises ValueError on a malformed payload.
+
+    vLLM's ``EventBatch`` was an array-like struct, ``[ts, events, data_parallel_rank]``
+    (vLLM <= 0.32 as observed); newer vLLM drops ``array_like`` from it, so the batch
+    comes as a map ``{"ts", "events", "data_parallel_rank"}``. Both are read.
+    """
     try:
         batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except (msgpack.UnpackException, ValueError, TypeError) as exc:
         raise ValueError(f"undecodable KV-event payload: {exc!r}") from exc
-    if not isinstance(batch, list | tuple) or len(batch) < 2 or not isinstance(batch[1], list):
-        raise ValueError("KV-event payload is not [ts, events, rank]")
+    if isinstance(batch, dict):
+        batch = [batch.get("ts"), batch.get("events")]
+    if not isinstance(batch, list | tuple) or len(batch) < 2 or not isinstance(batch[1], list) \
+            or not isinstance(batch[0], int | float):
+        raise ValueError("KV-event payload is not [ts, events, rank] or {ts, events, ...}")
     events = [e for e in (decode_event(raw) for raw in batch[1]) if e is not None]
     return float(batch[0]), events
 
@@ -163,6 +172,8 @@ class ChainTracker:
         # Per key of ours: engine blocks it spans (at completion) and how many are held.
         self._span: dict[BlockKey, int] = {}
         self._held: dict[BlockKey, int] = {}
+        # An offloaded chunk named by its last engine block -> all its blocks (``adopt``).
+        self._chunks: dict[EngineHash, list[EngineHash]] = {}
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -171,6 +182,7 @@ class ChainTracker:
         self._blocks.clear()
         self._span.clear()
         self._held.clear()
+        self._chunks.clear()
 
     def holds(self, key: BlockKey) -> bool:
         """Whether every engine block of our ``key`` is still stored in this scope."""
@@ -254,14 +266,55 @@ class ChainTracker:
                             self._held[key] = self._held.get(key, 0) + 1
             block.key = key
             prev = engine_hash
-        while len(self._blocks) > self.max_blocks:
-            self._drop(self._blocks.popitem(last=False)[1])
+        self._bound()
         return done
+
+    def _bound(self) -> None:
+        while len(self._blocks) > self.max_blocks:
+            engine_hash, block = self._blocks.popitem(last=False)
+            self._chunks.pop(engine_hash, None)
+            self._drop(block)
+
+    def adopt(self, source: ChainTracker, event: Stored) -> list[BlockKey] | None:
+        """Hold here (a replica's CPU-offload scope) blocks ``source`` (its GPU scope)
+        already keyed; our keys now whole here, or None if ``source`` lacks the last one.
+
+        vLLM's OffloadingConnector names an offloaded chunk by the hash of its last GPU
+        block and, by default, sends no token ids, parent or size (a placeholder): the chunk
+        is then that block and its ancestors back to a block held here (the previous
+        chunk) or the chain start. With ``self_describing_kv_events`` it lists every block
+        of the chunk, with their tokens: exactly those. Keys come from ``source``, so a
+        salted or LoRA chain keeps its root (the offload event's ``extra_keys`` are None).
+        """
+        if not event.hashes or event.hashes[-1] not in source._blocks:
+            return None
+        members = [h for h in event.hashes if h in source._blocks]
+        if not event.token_ids:  # placeholder: walk back to the previous chunk
+            members, node = [], event.hashes[-1]
+            while node is not None and node not in self._blocks and node in source._blocks:
+                members.append(node)
+                node = source._blocks[node].parent
+            members.reverse()
+        self._chunks[event.hashes[-1]] = members
+        touched: list[BlockKey] = []
+        for engine_hash in members:
+            if engine_hash in self._blocks:  # announced again by an overlapping chunk
+                continue
+            src = source._blocks[engine_hash]
+            self._blocks[engine_hash] = _Block(src.parent, src.data, src.end, src.key, src.owners)
+            for key in src.owners:
+                self._held[key] = self._held.get(key, 0) + 1
+                self._span[key] = source._span.get(key, 0)
+                if key not in touched:
+                    touched.append(key)
+        self._bound()
+        return [k for k in touched if self.holds(k)]
 
     def remove(self, hashes: Sequence[EngineHash]) -> list[BlockKey]:
         """Apply a ``BlockRemoved``; returns our keys no longer whole in this scope."""
         out: list[BlockKey] = []
-        for engine_hash in hashes:
+        members = [m for h in hashes for m in self._chunks.pop(h, [h])]  # a chunk: all of it
+        for engine_hash in members:
             block = self._blocks.pop(engine_hash, None)
             if block is not None:
                 self._drop(block)

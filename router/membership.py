@@ -9,9 +9,12 @@ Joining: one ``/health`` probe decides whether the replica starts healthy (an an
 one takes traffic at once; otherwise the periodic probes readmit it), its ``/v1/models``
 is read (``router.models``), and it gets the next replica-header name. Leaving: it is
 out of the set at once (no new request goes there; requests in flight hold it and
-finish), and what the index, the model map and the response-id map believed about it is
-forgotten. Draining (admin API): the replica stays, its in-flight requests finish, and it
-gets no new request, not even of a session that was on it (``router.models``).
+finish), its KV-event subscribers stop (``watchers``), and what the index, the model map
+and the response-id map believed about it is forgotten. A joining replica's KV-event
+sources come from the ``--kv-events`` list or its ``*=`` template
+(``router.event_sources``). Draining (admin API): the replica stays, its in-flight
+requests finish, and it gets no new request, not even of a session that was on it
+(``router.models``).
 
 Sources, each re-checked by a background loop:
   - ``--backends-file PATH``: one URL per line, blank lines and ``#`` comments ignored;
@@ -33,10 +36,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from router.errors import UpstreamConnectError
@@ -50,6 +55,19 @@ from router.upstream import Upstream
 
 log = logging.getLogger("lmroute.membership")
 DNS_PREFIX = "dns+"
+# A replica URL: http(s), an ASCII host name or address (IPv6 in brackets), an optional
+# port and path; no query, fragment, user info, spaces or control characters.
+_REPLICA_URL = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*)"
+                          r"(:[0-9]{1,5})?(/[!-\"$-~]*)?")
+
+
+class Watcher(Protocol):
+    """Told of each replica joining (after it is in the set) and leaving (before the index
+    forgets it): the KV-event subscribers (``router.events.EngineEvents``)."""
+
+    def joined(self, replica: str) -> None: ...
+
+    async def left(self, replica: str) -> None: ...
 
 
 def split_backends(backends: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -58,12 +76,29 @@ def split_backends(backends: Sequence[str]) -> tuple[list[str], list[str]]:
             [b for b in backends if b.startswith(DNS_PREFIX)])
 
 
+def replica_url(url: str) -> str | None:
+    """``url`` without its trailing ``/`` if it is a replica URL the router can use, else
+    None (the admin API answers 400; a file's line is skipped)."""
+    if not _REPLICA_URL.fullmatch(url) or "?" in url:
+        return None
+    try:
+        port = urlsplit(url).port
+    except ValueError:  # a port above 65535, or an IPv6 literal urllib rejects
+        return None
+    return url.rstrip("/") if port is None or port > 0 else None
+
+
 def read_backends_file(path: str) -> list[str]:
     out = []
     for line in Path(path).read_text().splitlines():
-        url = line.split("#", 1)[0].strip()
-        if url:
-            out.append(url.rstrip("/"))
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        url = replica_url(text)
+        if url is None:
+            log.warning("--backends-file %s: not a replica URL, skipped: %r", path, text)
+        else:
+            out.append(url)
     return out
 
 
@@ -116,6 +151,7 @@ class Membership:
         self.dns_hosts_file = dns_hosts_file
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self.watchers: list[Watcher] = []
 
     # -- joining and leaving ------------------------------------------------------------
     async def join(self, url: str, origin: str) -> None:
@@ -128,6 +164,8 @@ class Membership:
             replica = self.replicas.add(url, healthy=status == 200)
             self.gate.name_of(url)
             await self.models.fetch(replica)
+            for watcher in self.watchers:
+                watcher.joined(url)
             log.warning("replica %s joined (%s, %s)", url, origin,
                         "healthy" if replica.healthy else "not answering yet")
         self.origins.setdefault(url, set()).add(origin)
@@ -143,6 +181,8 @@ class Membership:
         if wanted or self.replicas.remove(url) is None:
             return False
         self.origins.pop(url, None)
+        for watcher in self.watchers:  # first: no event may re-add what is forgotten below
+            await watcher.left(url)
         self.models.forget(url)
         await self.ids.forget_replica(url)
         await self.locator.forget(url)

@@ -1,17 +1,22 @@
-"""``GET /openapi.json``: an OpenAPI 3.0 description of what the router itself accepts.
+"""``GET /openapi.json``: an OpenAPI 3.0 description of every route the router serves.
 
-Not vLLM's whole API: the request bodies as the router's parser (``router.openai_api``)
-takes them, with vLLM's lax typing (a number may come as a numeric string, ``n`` as
-``2.0``), every other field passed through untouched (``additionalProperties``), and the
-answers the router itself makes (400, 401, 404, 413, 415, 429, 502, 503), all in OpenAI's
-error shape. Internal routes carry the admin key's security scheme; with ``--api-keys``
-the ``/v1`` routes carry the tenant key's. The schemathesis run in
+Chat and completions bodies as the router's parser (``router.openai_api``) takes them,
+with vLLM's lax typing (a number may come as a numeric string, ``n`` as ``2.0``), every
+other field passed through untouched (``additionalProperties``); the pass-through,
+fan-out and admin routes with loose bodies (``router.openapi_surface``: only what routing
+reads is typed, the replica judges the rest); and the answers the router itself makes
+(400, 401, 404, 413, 415, 429, 502, 503), all in OpenAI's error shape. Internal and
+admin routes carry the admin key's security scheme; with ``--api-keys`` the routed ones
+(``/v1/...``, ``/tokenize``, ``/version``, ...) carry the tenant key's; the admin API is
+listed only when an admin key is set (it answers 404 otherwise). The schemathesis run in
 ``tests/router/test_schema_fuzz.py`` generates requests from this document.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from router.openapi_surface import PROXIED, admin_paths, answers, internal_paths, tenant_paths
 
 _U32_MAX = 2**32 - 1
 _NUMERIC_TEXT = {"type": "string", "pattern": r"^-?[0-9]{1,6}(\.[0-9]{1,6})?$"}
@@ -63,33 +68,22 @@ def _completions_body() -> dict[str, Any]:
             "properties": {**_sampling(), "prompt": prompt}}
 
 
-def _error_ref() -> dict[str, Any]:
-    return {"description": "OpenAI-shaped error",
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-
-
-def _answers(*codes: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"200": {"description": "the replica's (or router's) answer"}}
-    out.update({str(c): _error_ref() for c in codes})
-    return out
-
-
 def _post(body: dict[str, Any], security: list[dict[str, list[str]]],
           codes: tuple[int, ...]) -> dict[str, Any]:
     return {"post": {
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-        "responses": _answers(*codes), "security": security}}
+        "responses": answers(*codes), "security": security}}
 
 
 def _get(security: list[dict[str, list[str]]], *codes: int) -> dict[str, Any]:
-    return {"get": {"responses": _answers(*codes), "security": security}}
+    return {"get": {"responses": answers(*codes), "security": security}}
 
 
 def openapi_document(*, tenants: bool, admin: bool) -> dict[str, Any]:
     """The document for a router with (or without) tenants and an admin key."""
     tenant_sec: list[dict[str, list[str]]] = [{"tenantKey": []}] if tenants else []
     admin_sec: list[dict[str, list[str]]] = [{"adminKey": []}] if admin else []
-    proxied = (400, 401, 413, 415, 429, 502, 503)
+    proxied = PROXIED
     paths: dict[str, Any] = {
         "/v1/chat/completions": _post(_chat_body(), tenant_sec, proxied),
         "/v1/completions": _post(_completions_body(), tenant_sec, proxied),
@@ -97,13 +91,18 @@ def openapi_document(*, tenants: bool, admin: bool) -> dict[str, Any]:
         "/health": _get([]),
         "/ready": _get([], 503),
         "/metrics": _get([]),
+        "/openapi.json": _get([]),
+        **tenant_paths(tenant_sec),
     }
-    if admin or not tenants:
+    if admin or not tenants:  # internal routes: the admin key's, or anyone's without tenants
         paths |= {
             "/index/lookup": _post(_chat_body(), admin_sec, (400, 401, 413, 415)),
             "/replicas": _get(admin_sec, 401),
             "/policy": _get(admin_sec, 401),
+            **internal_paths(admin_sec),
         }
+    if admin:  # the admin API is off (404) without a key
+        paths |= admin_paths(admin_sec)
     error = {"type": "object", "required": ["error"], "properties": {"error": {
         "type": "object", "required": ["message", "type"],
         "properties": {"message": {"type": "string"}, "type": {"type": "string"},

@@ -13,7 +13,6 @@ Bodies come through the gate and ``load_json``; errors are raised (OpenAI-shaped
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 from starlette.requests import Request
@@ -22,7 +21,7 @@ from starlette.routing import Route
 
 from router.errors import BadRequest, NotFound
 from router.jsonbody import load_json
-from router.membership import Membership
+from router.membership import Membership, replica_url
 
 
 def _listing(m: Membership) -> Response:
@@ -36,10 +35,11 @@ def _listing(m: Membership) -> Response:
 async def _url(request: Request) -> tuple[str, dict[str, Any]]:
     body = load_json(await request.body())
     url = body.get("url") if isinstance(body, dict) else None
-    if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") \
-            or not urlsplit(url).hostname:
-        raise BadRequest('expected {"url": "http://HOST:PORT"}', param="url")
-    return url.rstrip("/"), body
+    checked = replica_url(url) if isinstance(url, str) else None
+    if checked is None:
+        raise BadRequest('expected {"url": "http://HOST:PORT"} (ASCII host, optional path)',
+                         param="url")
+    return checked, body
 
 
 def replica_admin_routes(m: Membership) -> list[Route]:

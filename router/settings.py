@@ -62,6 +62,16 @@ class Settings:
     first_byte_timeout_s: float = field(
         default=900.0, metadata={"help": "upstream time to response headers (long prefills)"}
     )
+    upstream_keepalive_s: float = field(
+        default=4.0, metadata={"help": "idle upstream connections are closed after this; keep it "
+                               "below the replicas' own keep-alive timeout (vLLM: "
+                               "VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default)"}
+    )
+    keep_alive_s: int = field(
+        default=75, metadata={"help": "idle client connections are kept this long (seconds); "
+                              "above the idle timeout of the clients and load balancers in "
+                              "front, so that they, not the router, close an idle connection"}
+    )
     health_interval_s: float = field(default=2.0, metadata={"help": "replica /health period"})
     health_timeout_s: float = field(default=2.0, metadata={"help": "replica /health timeout"})
     eject_after: int = field(
@@ -116,7 +126,8 @@ class Settings:
                               "aligned with --backend order, or BACKEND_URL=tcp://HOST:PORT; "
                               "'bind:' before the endpoint binds it (the engine connects); a "
                               "data-parallel replica's ranks joined with '+' or as a port range "
-                              "tcp://HOST:5557..5560"}
+                              "tcp://HOST:5557..5560; '*=tcp://{host}:5557' (also {port}, "
+                              "{port+N}) for every replica not named, joining ones included"}
     )
     kv_events_replay: tuple[str, ...] = field(
         default=(), metadata={"help": "their replay endpoints, same form (asked on a sequence gap)"}

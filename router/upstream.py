@@ -8,6 +8,12 @@ another replica). The response's bytes are then read with ``read()`` (whole body
 Bytes are never decoded or re-encoded: ``auto_decompress`` is off, so a gzip body passes
 through as gzip.
 
+Idle connections: the side that closes an idle keep-alive connection must be the client,
+or a request written just as the server's timer fires meets a closed socket (a reset, not a
+retryable connect error). vLLM's server (uvicorn) closes idle connections after 5 s
+(``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``) and aiohttp keeps them 15 s by default, so the pool
+here drops them after ``keepalive_s`` (4 s by default, ``--upstream-keepalive-s``).
+
 Client: aiohttp's ClientSession. docs/benchmarks.md ("Upstream HTTP client") has the
 measurement behind the choice (bench/upstream_clients.py): httpx's default transport was
 the bottleneck of a proxy here, far below aiohttp's throughput.
@@ -114,15 +120,20 @@ class UpstreamResponse:
 class Upstream:
     """Pooled keep-alive HTTP client to all replicas."""
 
-    def __init__(self, connect_timeout_s: float, first_byte_timeout_s: float, pool_size: int = 1024):
+    def __init__(self, connect_timeout_s: float, first_byte_timeout_s: float, pool_size: int = 1024,
+                 keepalive_s: float = 4.0):
         self._connect_timeout_s = connect_timeout_s
+        self._keepalive_s = keepalive_s
         self._first_byte_timeout_s = first_byte_timeout_s
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[str, yarl.URL] = {}  # parsed once: aiohttp re-parses a str per request
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self._pool_size, limit_per_host=0)
+        # Close idle connections before the replica does (see ``keepalive_s`` in the module
+        # docstring): a request written to a connection the replica is closing fails.
+        connector = aiohttp.TCPConnector(limit=self._pool_size, limit_per_host=0,
+                                         keepalive_timeout=self._keepalive_s)
         self._session = aiohttp.ClientSession(
             connector=connector,
             # The client's own Cookie header is forwarded as is; the router keeps no jar

@@ -36,7 +36,9 @@ the model holds. A router recomputes its own keys from the events' ``token_ids``
 The pool's medium (``pool_medium``). ``"cpu"`` (default) is LMCache: it publishes stores
 only, never the chunks it evicts, so a router must age them out itself. ``"CPU"`` is vLLM's
 own OffloadingConnector, the replica's host memory: it publishes stores and removals, and
-a router counts it as that replica's cache, not a shared pool.
+a router counts it as that replica's cache, not a shared pool. Its events are vLLM's
+default ones: one per chunk naming only the chunk's last GPU block hash, with no token
+ids, parent or block size (``_offload``).
 
 Events are published when the request's prefill ends (``TokenSchedule.on_first_token``), as vLLM
 publishes blocks once computed: removals first (the allocation evicted them), then stores,
@@ -127,6 +129,7 @@ class ModelEngine:
         self._seq = 0
         # Engine block hashes of each chunk this GPU holds, to name them in BlockRemoved.
         self._gpu_blocks: dict[BlockKey, tuple[int, ...]] = {}
+        self._offloaded: dict[BlockKey, int] = {}  # "CPU" chunk -> its last GPU block hash
 
     def chain(self, token_ids: Sequence[int],
               salt: str | None = None) -> tuple[list[int], list[BlockKey]]:
@@ -168,12 +171,17 @@ class ModelEngine:
         events: list[Event] = []
         if gpu_removed:
             events.append(block_removed(gpu_removed, "GPU"))
-        if plan.pool.evicted and self.pool_medium != "cpu":  # LMCache reports no eviction
+        if plan.pool.evicted and self.pool_medium == "CPU":  # vLLM names its last GPU block
+            tails = [self._offloaded.pop(k) for k in plan.pool.evicted if k in self._offloaded]
+            events.extend(block_removed([tail], "CPU") for tail in tails)
+        elif plan.pool.evicted and self.pool_medium != "cpu":  # LMCache reports no eviction
             events.append(block_removed(plan.pool.evicted, self.pool_medium))
         for medium, stored in (("GPU", set(plan.gpu.stored)),
                                (self.pool_medium, set(plan.pool.stored))):
             for first, last in _runs([j for j, k in enumerate(keys) if k in stored]):
-                if medium == "GPU":
+                if medium == "CPU":
+                    events.extend(self._offload(hashes, keys, first, last))
+                elif medium == "GPU":
                     lo, hi = first * self.per_chunk, (last + 1) * self.per_chunk
                     parent = hashes[lo - 1] if lo else None
                     events.append(block_stored(hashes[lo:hi], parent,
@@ -186,6 +194,17 @@ class ModelEngine:
                                                chunk, medium))
         return events
 
+    def _offload(self, hashes: list[int], keys: list[BlockKey], first: int,
+                 last: int) -> list[Event]:
+        """vLLM's OffloadingConnector stores (default, not self-describing): per chunk one
+        ``BlockStored`` naming its last GPU block, no token ids, parent or size."""
+        out = []
+        for j in range(first, last + 1):
+            tail = hashes[min((j + 1) * self.per_chunk, len(hashes)) - 1]  # a partial last chunk
+            self._offloaded[keys[j]] = tail
+            out.append({**block_stored([tail], None, [], 0, "CPU"), "kv_cache_spec_kind": None})
+        return out
+
     def kv_usage(self) -> float:
         return self.model.kv_usage()
 
@@ -193,7 +212,8 @@ class ModelEngine:
 def _salt_chain_starts(events: list[Event], salt: str) -> None:
     """vLLM's extra keys on a chain's first block: ``[[salt], None, ...]``."""
     for event in events:
-        if event["type"] == "BlockStored" and event["parent_block_hash"] is None:
+        if event["type"] == "BlockStored" and event["parent_block_hash"] is None \
+                and event["token_ids"]:  # not an offload placeholder (no extra keys there)
             n = len(event["block_hashes"])
             event["extra_keys"] = [[salt]] + [None] * (n - 1)
 

@@ -76,6 +76,16 @@ class Generating:
         self.stored: dict[str, dict[str, Any]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
+    def _too_long(self, messages: list[dict[str, Any]], max_tokens: Any) -> Response | None:
+        """vLLM's 400 when prompt + output exceed the context (checked before generating)."""
+        n = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 16
+        prompt = len(tokenize_text(render_chat(messages)))
+        if prompt + n <= self.replica.max_model_len:
+            return None
+        return vllm_error(400, f"This model's maximum context length is "
+                          f"{self.replica.max_model_len} tokens; {prompt} prompt + {n} output "
+                          "requested.")
+
     async def _words(self, messages: list[dict[str, Any]], max_tokens: Any
                      ) -> tuple[list[int], list[str], float]:
         ids = tokenize_text(render_chat(messages))
@@ -112,6 +122,9 @@ class Generating:
         messages = response_messages(body)
         if not messages:
             return vllm_error(400, "'input' is required")
+        too_long = self._too_long(messages, body.get("max_output_tokens"))
+        if too_long is not None:
+            return too_long
         rid = "resp_" + self.surface.rid("r", request).replace("-", "")
         if body.get("background"):
             self.stored[rid] = self._response(rid, body, None, 0, 0, "in_progress")
@@ -203,6 +216,9 @@ class Generating:
             return body
         if not isinstance(body.get("messages"), list):
             return vllm_error(400, "'messages' is required")
+        too_long = self._too_long(anthropic_messages(body), body.get("max_tokens"))
+        if too_long is not None:
+            return too_long
         ids, words, tpot = await self._words(anthropic_messages(body), body.get("max_tokens"))
         mid = "msg_" + self.surface.rid("m", request).replace("-", "")
         msg = {"id": mid, "type": "message", "role": "assistant", "model": self.replica.model,

@@ -20,7 +20,7 @@ import zmq
 from servers import replica
 from servers import router as router_server
 from servers_redis import free_port
-from test_events import IDS, ROOT, Publisher, make_tokenizer, send_until_precise, stores
+from test_events import IDS, ROOT, Publisher, engine_hashes, make_tokenizer, send_until_precise, stores
 
 from policies.base import Tier
 from router.events import EngineEvents, KvIngest, parse_sources
@@ -28,7 +28,7 @@ from router.index import MemoryIndex, PrefixIndex, RedisIndex
 from router.locator import capacity_from_bytes
 from router.prefix import root_key, token_chain
 from router.tokenizer import ChatTokenizer
-from sim.emulator.kv_events import block_removed
+from sim.emulator.kv_events import block_removed, block_stored
 
 R = "http://r1"
 CHAIN = token_chain(IDS, ROOT, 256)
@@ -287,3 +287,67 @@ def test_router_subscribes_to_every_data_parallel_rank(start_servers: Any, tmp_p
     finally:
         for rank in ranks:
             rank.close()
+
+
+def _offloads(hashes: Sequence[int], chunk: int, self_describing: bool) -> list[dict[str, Any]]:
+    """vLLM's OffloadingConnector stores of ``hashes`` (32-token GPU blocks) in chunks of
+    ``chunk`` blocks: by default one placeholder per chunk (the chunk's last GPU block
+    hash, no token ids, parent or size); with ``self_describing_kv_events`` every block
+    of the chunk with its tokens and parent, ``extra_keys`` None."""
+    out = []
+    for c in range(len(hashes) // chunk):
+        part = hashes[c * chunk:(c + 1) * chunk]
+        if self_describing:
+            ids = IDS[c * chunk * 32:(c + 1) * chunk * 32]
+            out.append(block_stored(part, hashes[c * chunk - 1] if c else None, ids, 32, "CPU"))
+        else:
+            placeholder = block_stored(part[-1:], None, [], 0, "CPU")
+            placeholder.pop("kv_cache_spec_kind")
+            out.append(placeholder)
+    return out
+
+
+@pytest.mark.parametrize("self_describing", [False, True])
+@pytest.mark.parametrize("salt", [None, "tenantA"])
+async def test_vllm_cpu_offload_events_are_keyed_from_the_gpu_blocks(
+        self_describing: bool, salt: str | None) -> None:
+    """vLLM's CPU offload events (medium "CPU") name GPU block hashes the replica's GPU
+    scope has keyed: the offloaded chunks stay the replica's after the GPU evicts them,
+    with the request's salted root, until the CPU tier removes them (a placeholder
+    removal names the chunk's last block only)."""
+    index = MemoryIndex()
+    ingest = KvIngest(index, _model, block_tokens=256, max_blocks=10_000)
+    events = EngineEvents(parse_sources([R], ["tcp://127.0.0.1:1"]), ingest)
+    state = events.states[R]
+    hashes = engine_hashes(IDS, 32)
+    [gpu] = stores(IDS, 32, [])
+    if salt is not None:
+        gpu["extra_keys"] = [[salt]] + [None] * (len(hashes) - 1)
+    chain = token_chain(IDS, root_key("m", salt), 256)
+
+    async def apply(*batch: dict[str, Any]) -> int:
+        await ingest.apply(state, msgpack.packb([0.0, list(batch), 0]))
+        return index.lookup_now(chain).gpu_blocks(R)
+
+    assert await apply(gpu) == 4
+    assert await apply(*_offloads(hashes, 4, self_describing)) == 4
+    assert ingest.tracked(R) == (2 * len(hashes), 0)  # every block in both scopes, none unresolved
+    assert await apply(block_removed(hashes, "GPU")) == 4  # offloaded: still the replica's
+    assert index.lookup_now(chain).pool == 0
+    # The CPU tier evicts chunk 2 (GPU blocks 8-11: tokens 256-383, in our block 1).
+    removed = hashes[8:12] if self_describing else hashes[11:12]
+    assert await apply(block_removed(removed, "CPU")) == 1
+
+
+async def test_batches_encoded_as_maps_are_read() -> None:
+    """Newer vLLM's EventBatch is not array-like: ``{"ts", "events", "data_parallel_rank"}``."""
+    index = MemoryIndex()
+    ingest = KvIngest(index, _model, block_tokens=256, max_blocks=1000)
+    events = EngineEvents(parse_sources([R], ["tcp://127.0.0.1:1"]), ingest)
+    [store] = stores(IDS, 32, [])
+    await ingest.apply(events.states[R], msgpack.packb(
+        {"ts": 0.0, "events": [store], "data_parallel_rank": 0}))
+    assert index.lookup_now(CHAIN).gpu_blocks(R) == 4
+    for bad in ({"events": [store]}, {"ts": 0.0}, [0.0]):
+        with pytest.raises(ValueError):
+            await ingest.apply(events.states[R], msgpack.packb(bad))

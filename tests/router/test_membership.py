@@ -13,6 +13,8 @@ import httpx
 import pytest
 from servers import Server, free_port, replica, router
 
+from router.membership import replica_url
+
 ADMIN = {"authorization": "Bearer admin-key"}
 CHAT = {"model": "emulated-27b", "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 2}
@@ -173,3 +175,27 @@ def test_drained_replica_finishes_in_flight_and_gets_no_new_request(start_server
     again = {httpx.post(lm.url + "/v1/chat/completions", json=CHAT).headers[
         "x-lmroute-replica"] for _ in range(4)}
     assert again == {slow.url, other.url}
+
+
+@pytest.mark.parametrize(("given", "kept"), [
+    ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+    ("https://vllm-0.ns.svc/v1x", "https://vllm-0.ns.svc/v1x"),
+    ("http://[::1]:8000", "http://[::1]:8000"), ("http://host\U0001f3fb:80", None),
+    ("http://[zz]:1", None), ("http://h:99999", None), ("http://a b", None),
+    ("http://h:80?x=1", None), ("ftp://h", None), ("http://user@h", None)])
+def test_replica_urls_are_checked(given: str, kept: str | None) -> None:
+    assert replica_url(given) == kept
+
+
+def test_a_bad_url_is_a_400_and_a_bad_file_line_is_skipped(start_servers,
+                                                          tmp_path: Path) -> None:
+    rep = start_servers(replica())
+    listed = tmp_path / "backends"
+    listed.write_text(f"http://h\u00e9:1\n{rep.url}\n")
+    lm = start_servers(router([], "--backends-file", str(listed), "--admin-key", "k"))
+    bad = httpx.post(lm.url + "/admin/replicas", json={"url": "http://h\u00e9:1"},
+                     headers={"authorization": "Bearer k"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "url"
+    urls = [r["url"] for r in httpx.get(lm.url + "/admin/replicas",
+                                        headers={"authorization": "Bearer k"}).json()["replicas"]]
+    assert urls == [rep.url]
