@@ -145,7 +145,7 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     routes = Routes(proxy, replicas, metrics, locator, events, admin, gate,
                     mode="token" if tokenizer else "text", drain=drain)
     app.router.routes.extend([*routes.routes(), *surface.routes()])
-    app.serve_hot(routes.hot_routes())  # chat and completions: router.hotpath
+    app.serve_hot(routes.hot_routes(), drain)  # chat and completions: router.hotpath
     install_error_handlers(app)
     if settings.access_log:
         app.add_middleware(AccessLog)
@@ -154,5 +154,4 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
     app.state.admin = admin
     app.state.gate = gate
     app.state.drain = drain
-    app.drain = drain  # responses say `connection: close` while draining (router.hotpath)
     return app

@@ -85,11 +85,13 @@ class RouterApp(FastAPI):
     _hot_routes: list[Route]
     _hot_paths: frozenset[str]
     _hot_app: ASGIApp | None
-    drain: Drain | None = None  # set by create_app
+    drain: Drain | None = None
 
-    def serve_hot(self, routes: Iterable[Route]) -> None:
+    def serve_hot(self, routes: Iterable[Route], drain: Drain | None = None) -> None:
         """Serve POSTs to these routes' paths through the lean stack (built on first use,
-        so middleware added after this call is included)."""
+        so middleware added after this call is included); while ``drain`` is draining,
+        every response says ``connection: close``."""
+        self.drain = drain
         self._hot_routes = list(routes)
         self._hot_paths = frozenset(r.path for r in self._hot_routes)
         self._hot_app = None

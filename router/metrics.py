@@ -151,6 +151,9 @@ class RouterMetrics:
             ["kind"], registry=r,
         )
         r.register(_ReplicaCollector(replicas))
+        self._cache_children()
+
+    def _cache_children(self) -> None:
         self._requests_of, self._decisions_of = _Children(self._requests), _Children(self._decisions)
         self._ttft_of, self._duration_of = _Children(self._ttft), _Children(self._duration)
         self._ratio_of, self._lookups_of = _Children(self._ttft_ratio), _Children(self._index_lookups)
