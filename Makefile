@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-vllm test-deploy test-compose bench-vllm-policies events-report vllm-venv lint bench clean
+.PHONY: install bench-peers demo test test-vllm test-deploy test-compose bench-vllm-policies events-report vllm-venv lint bench clean
 
 # The venv is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -75,6 +75,22 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/router_bench.py
+
+# lmroute against the Rust routers (pinned, in their own venv; not part of CI, ~10 min):
+# docs/benchmarks.md "Against sglang-router and vllm-router". Needs wrk (apt-get install wrk).
+PEERS_VENV  := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed-sglang-0.3.2-vllm-0.1.17
+
+$(PEERS_STAMP):
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet sglang-router==0.3.2 vllm-router==0.1.17 py-spy==0.4.3
+	touch $(PEERS_STAMP)
+
+bench-peers: $(STAMP) $(PEERS_STAMP)
+	mkdir -p out
+	$(BIN)/python bench/peers.py --peers-venv $(PEERS_VENV) --rounds 2 \
+	  --json out/bench-peers.json --plot out/bench-peers.png
 
 clean:
 	rm -rf $(VENV) out .wheels .pytest_cache .mypy_cache .ruff_cache *.egg-info

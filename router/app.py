@@ -24,6 +24,7 @@ from router.canary import Canary
 from router.drain import Drain
 from router.events import EngineEvents, EventConfig, KvIngest
 from router.gate import Gate
+from router.hotpath import RouterApp
 from router.index import PrefixIndex, open_index
 from router.locator import Locator, capacity_from_bytes
 from router.logs import AccessLog
@@ -151,12 +152,13 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
             await upstream.close()
             await locator.close()
 
-    app = FastAPI(title="lmroute", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = RouterApp(title="lmroute", lifespan=lifespan, docs_url=None, redoc_url=None,
+                    openapi_url=None)
     drain = Drain()  # set on SIGTERM by router.drain.DrainingServer
     routes = Routes(proxy, replicas, metrics, locator, events, admin, gate,
                     mode="token" if tokenizer else "text", drain=drain, canary=canary)
     app.router.routes.extend([*routes.routes(), *surface.routes()])
+    app.serve_hot(routes.hot_routes(), drain)  # chat and completions: router.hotpath
     install_error_handlers(app)
     if settings.access_log:
         app.add_middleware(AccessLog)

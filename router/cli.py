@@ -66,8 +66,14 @@ def _serve(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as exc:
         print(f"lmroute: {exc}", file=sys.stderr)
         return 2
+    if settings.workers < 1:
+        print("lmroute: --workers must be at least 1", file=sys.stderr)
+        return 2
+    import socket
+
     from router.drain import DrainingServer
     from router.framing import JsonFramingProtocol
+    from router.hotpath import freeze_gc
 
     # The replica's own Date/Server headers pass through: uvicorn must not add a second pair.
     # Malformed HTTP is answered OpenAI-shaped (router/framing.py). SIGTERM drains
@@ -77,10 +83,24 @@ def _serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             log_config=None, log_level=settings.log_level, access_log=False,
                             server_header=False, date_header=False, http=JsonFramingProtocol,
+                            proxy_headers=False,  # nothing reads the client address or scheme
                             timeout_graceful_shutdown=int(settings.drain_timeout_s),
                             timeout_keep_alive=settings.keep_alive_s)
-    DrainingServer(config, app.state.drain, settings.drain_grace_s).run()
-    return 0
+    # Start-up's objects out of the collector's walk (router/hotpath.py); before a fork,
+    # also what keeps the workers' copies of them shared.
+    if settings.gc_freeze:
+        freeze_gc(settings.gc_threshold0)
+
+    def serve(sock: socket.socket | None) -> int:
+        DrainingServer(config, app.state.drain, settings.drain_grace_s).run(
+            sockets=[sock] if sock is not None else None)
+        return 0
+
+    if settings.workers == 1:
+        return serve(None)
+    from router.workers import serve_workers  # the app is built, not started: fork-safe
+
+    return serve_workers(settings, serve)
 
 
 def _policies(args: argparse.Namespace) -> int:

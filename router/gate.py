@@ -96,7 +96,11 @@ def _replayed(request: Request, body: bytes | None, drop: set[bytes]) -> Request
 
 
 class _Egress(Response):
-    """Sends ``inner`` with the replica header renamed, then runs ``done``."""
+    """Sends ``inner`` with the replica header renamed, then runs ``done``.
+
+    The rename is done on ``inner.raw_headers``, what every Starlette response sends as
+    its start message, rather than by wrapping ``send``: a streamed reply would otherwise
+    pay for the wrapper on every event."""
 
     def __init__(self, inner: Response, done: Callable[[], None] | None,
                  names: Mapping[bytes, bytes] | None):
@@ -104,17 +108,12 @@ class _Egress(Response):
         self.inner, self.done, self.names = inner, done, names
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        names = self.names
-
-        async def renamed(message: Message) -> None:
-            if names is not None and message["type"] == "http.response.start":
-                message = {**message, "headers": [
-                    (k, names.get(v, b"?")) if k == _REPLICA_HEADER else (k, v)
-                    for k, v in message["headers"]]}
-            await send(message)
-
+        names, inner = self.names, self.inner
         try:
-            await self.inner(scope, receive, renamed)
+            if names is not None:
+                inner.raw_headers = [(k, names.get(v, b"?")) if k == _REPLICA_HEADER else (k, v)
+                                     for k, v in inner.raw_headers]
+            await inner(scope, receive, send)
         finally:
             if self.done is not None:
                 self.done()

@@ -46,6 +46,7 @@ from router.membership import Membership
 from router.models import ModelMap
 from router.openai_api import ParsedRequest, lax_bool, parse_request
 from router.proxy import Prepare, Proxy, Target
+from router.relay import Relay
 from router.replicas import ReplicaSet
 from router.replicas_admin import replica_admin_routes
 from router.response_ids import ResponseIds
@@ -182,6 +183,9 @@ class Surface:
         cancelled response)."""
         replica = dict(response.raw_headers).get(b"x-lmroute-replica", b"").decode("latin-1")
         if not replica or response.status_code >= 400:
+            return response
+        if isinstance(response, Relay):  # a stream (router.relay)
+            response.wrap(lambda chunks: self._sniff(chunks, replica))
             return response
         if isinstance(response, StreamingResponse):
             response.body_iterator = self._sniff(response.body_iterator, replica)

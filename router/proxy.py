@@ -30,12 +30,12 @@ that chose it, so an in-flight request finishes against the policy that routed i
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
+from starlette.types import Scope
 
 from policies.base import Decision, NoReplicaAvailable, Outcome, Policy, ReplicaView, RequestView
 from router.disconnect import CLIENT_CLOSED, ClientGone, mark_gone, unless_gone
@@ -47,12 +47,12 @@ from router.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamStreamBroken,
-    sse_error_event,
 )
 from router.failures import Verdict, classify, shaped
 from router.locator import Locator
 from router.metrics import RouterMetrics
 from router.openai_api import Endpoint, ParsedRequest, parse_request
+from router.relay import Relay
 from router.replicas import Replica, ReplicaSet
 from router.upstream import Upstream, UpstreamResponse, end_to_end
 
@@ -93,21 +93,6 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
         parts.append(chunk)
     return b"".join(parts)
-
-
-class _CleanupStream(StreamingResponse):
-    """StreamingResponse whose cleanup runs even if the client vanished before the first chunk."""
-
-    def __init__(self, content: AsyncIterator[bytes], status_code: int,
-                 cleanup: Callable[[], Awaitable[None]]):
-        super().__init__(content, status_code=status_code)
-        self._cleanup = cleanup
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._cleanup()
 
 
 @dataclass(slots=True)
@@ -355,44 +340,26 @@ class Proxy:
 
     def _stream(self, resp: UpstreamResponse, attempt: _Attempt, request_id: str,
                 t0: float, scope: Scope) -> Response:
-        state: dict[str, float | bool | None] = {"ttft": None, "ok": True, "done": False,
-                                                 "ended": False}
+        ttft: float | None = None
 
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in resp.chunks():
-                    if state["ttft"] is None:
-                        now = self.clock()
-                        state["ttft"] = now - t0
-                        # The prefill is over: queue-aware policies free the replica now,
-                        # not when the (long) decode ends.
-                        attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=True,
-                                                    ttft_s=now - t0, phase="first_token",
-                                                    at=now))
-                    yield chunk
-            except UpstreamStreamBroken as exc:
-                # Bytes already reached the client: no retry. End with an error event the
-                # OpenAI SDKs raise on, then close the stream cleanly.
-                state["ok"] = False
-                self.metrics.upstream_error(attempt.replica.url, "mid_stream",
-                                            attempt.decision.arm)
-                yield sse_error_event(exc.message)
-            state["ended"] = True
+        def first_byte() -> None:
+            nonlocal ttft
+            now = self.clock()
+            ttft = now - t0
+            # The prefill is over: queue-aware policies free the replica now, not when
+            # the (long) decode ends.
+            attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=True,
+                                           ttft_s=ttft, phase="first_token", at=now))
 
-        async def cleanup() -> None:
-            if state["done"]:
-                return
-            state["done"] = True
-            resp.abort()
-            if not state["ended"]:  # the client left mid-stream: the upstream is closed now
-                state["ok"] = False
+        def broken(exc: UpstreamStreamBroken) -> None:
+            self.metrics.upstream_error(attempt.replica.url, "mid_stream", attempt.decision.arm)
+
+        def finish(ended: bool, ok: bool) -> None:
+            if not ended:  # the client left mid-stream: the upstream is closed now
                 self.metrics.client_disconnect("mid_stream")
                 mark_gone(scope)
-            ttft = state["ttft"]
-            self._finished(attempt, resp.status, t0,
-                           ttft=ttft if isinstance(ttft, float) else None,
-                           ok=bool(state["ok"]) and resp.status < 400)
+            self._finished(attempt, resp.status, t0, ttft=ttft,
+                           ok=ended and ok and resp.status < 400)
 
-        out = _CleanupStream(body(), resp.status, cleanup)
-        out.raw_headers = self._headers(resp, attempt, request_id)
-        return out
+        return Relay(resp, self._headers(resp, attempt, request_id), first_byte=first_byte,
+                     broken=broken, finish=finish)

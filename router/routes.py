@@ -133,16 +133,23 @@ class Routes:
         return _json(openapi_document(tenants=self.gate.tenants is not None,
                                       admin=bool(self.gate.admin_key)))
 
+    def hot_routes(self) -> list[Route]:
+        """The proxied routes nearly all traffic takes (served lean: ``router.hotpath``)."""
+        wrap = self.gate.wrap
+        return [
+            Route("/v1/chat/completions", wrap("tenant", self.chat, proxied=True),
+                  methods=["POST"]),
+            Route("/v1/completions", wrap("tenant", self.completions, proxied=True),
+                  methods=["POST"]),
+        ]
+
     def routes(self) -> list[Route]:
         wrap = self.gate.wrap
         extra = canary_routes(self.canary) if self.canary is not None else []
         admin = [Route(r.path, wrap("admin", r.endpoint), methods=r.methods)
                  for r in [*admin_routes(self.admin), *extra]]
         return [
-            Route("/v1/chat/completions", wrap("tenant", self.chat, proxied=True),
-                  methods=["POST"]),
-            Route("/v1/completions", wrap("tenant", self.completions, proxied=True),
-                  methods=["POST"]),
+            *self.hot_routes(),
             Route("/v1/models", wrap("tenant", self.models), methods=["GET"]),
             Route("/health", wrap("public", self.health), methods=["GET"]),
             Route("/ready", wrap("public", self.ready), methods=["GET"]),

@@ -41,6 +41,17 @@ class Settings:
     )
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=8080, metadata={"help": "port to bind"})
+    workers: int = field(
+        default=1, metadata={"help": "router processes sharing the port (router/workers.py); "
+                             "share the index with --index redis://..."}
+    )
+    gc_freeze: bool = field(
+        default=True, metadata={"help": "gc.freeze() after start-up (router/hotpath.py)"}
+    )
+    gc_threshold0: int = field(
+        default=50_000, metadata={"help": "allocations between young GC collections "
+                                  "(0: Python's default, 700)"}
+    )
     max_body_bytes: int = field(
         default=32 * 1024 * 1024, metadata={"help": "request bodies over this get 413"}
     )

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import aiohttp
+import yarl
 
 from router.errors import UpstreamConnectError, UpstreamStreamBroken
 
@@ -94,11 +95,15 @@ class UpstreamResponse:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Yield body bytes as the replica sends them (no buffering, no re-framing)."""
-        try:
-            async for chunk in self._resp.content.iter_any():
-                yield chunk
-        except _CLIENT_ERRORS as exc:
-            raise UpstreamStreamBroken(f"replica stream broke: {exc!r}") from exc
+        read = self._resp.content.readany  # iter_any() without its iterator object
+        while True:
+            try:
+                chunk = await read()
+            except _CLIENT_ERRORS as exc:
+                raise UpstreamStreamBroken(f"replica stream broke: {exc!r}") from exc
+            if not chunk:
+                break
+            yield chunk
         # Read to the end: the connection goes back to the keep-alive pool.
         self._resp.release()
 
@@ -122,6 +127,7 @@ class Upstream:
         self._first_byte_timeout_s = first_byte_timeout_s
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, yarl.URL] = {}  # parsed once: aiohttp re-parses a str per request
 
     async def start(self) -> None:
         # Close idle connections before the replica does (see ``keepalive_s`` in the module
@@ -130,6 +136,9 @@ class Upstream:
                                          keepalive_timeout=self._keepalive_s)
         self._session = aiohttp.ClientSession(
             connector=connector,
+            # The client's own Cookie header is forwarded as is; the router keeps no jar
+            # (a jar would hand one client's replica cookies to every other client).
+            cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
             timeout=aiohttp.ClientTimeout(
@@ -155,8 +164,13 @@ class Upstream:
         body: bytes | AsyncIterable[bytes] | None,
     ) -> UpstreamResponse:
         """Send a request; return when the replica's headers arrived."""
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) >= 4096:  # replicas x paths is small; bound it anyway
+                self._urls.clear()
+            parsed = self._urls[url] = yarl.URL(url)
         try:
-            resp = await self.session.request(method, url, headers=headers, data=body)
+            resp = await self.session.request(method, parsed, headers=headers, data=body)
         except _CLIENT_ERRORS as exc:
             raise UpstreamConnectError(f"replica {url} unreachable: {exc!r}") from exc
         return UpstreamResponse(status=resp.status, headers=list(resp.headers.items()), _resp=resp)

@@ -1,0 +1,138 @@
+"""Profile ``lmroute serve`` under wrk load with py-spy; print a text summary.
+
+Layout as ``peers.py``: the router on core 0, two fast backends and wrk on core 1. py-spy
+(``--peers-venv``'s, ``make bench-peers`` installs it) samples the router for
+``--duration`` seconds of ``wrk -t2 -c64`` (``--mode stream|non-stream``, or ``paced``:
+backends that send ``--events`` events ``--delay-ms`` apart). The summary groups the
+samples by where the time goes (package of the innermost frame outside the standard
+library, else the stdlib module) and lists the top functions by self and total time.
+
+    .venv/bin/python bench/profile_router.py --mode non-stream --out docs/profiles/x.txt
+        [--lmroute-exe /path/to/other/checkout/.venv/bin/lmroute]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from peers import LOAD_CPU, ROUTER_CPU, tree_cpu_s
+from upstream_clients import BODY, HOST, LUA_TEMPLATE, check_replies, free_port, run_wrk, started
+
+HERE = Path(__file__).resolve().parent
+
+
+def group_of(frame: str) -> str:
+    """``func (package/module.py:12)`` -> its top-level package (py-spy prints paths
+    relative to sys.path), ``<frozen os>`` as is."""
+    path = frame.rsplit("(", 1)[-1].rstrip(")")
+    if path.startswith("<"):
+        return path.split(":")[0]
+    return path.split("/")[0] if "/" in path else path.split(":")[0]
+
+
+def summarise(raw: str, top: int = 25) -> str:
+    total = 0
+    by_group: collections.Counter[str] = collections.Counter()
+    self_fn: collections.Counter[str] = collections.Counter()
+    incl_fn: collections.Counter[str] = collections.Counter()
+    incl_group: collections.Counter[str] = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(n)
+        frames = stack.split(";")[1:]  # drop the thread/process root
+        total += count
+        if not frames:
+            continue
+        self_fn[frames[-1]] += count
+        by_group[group_of(frames[-1])] += count
+        for f in set(frames):
+            incl_fn[f] += count
+        for g in {group_of(f) for f in frames}:
+            incl_group[g] += count
+    out = [f"samples: {total}", "", "self time by package (innermost frame):"]
+    out += [f"  {100 * n / total:5.1f}%  {g}" for g, n in by_group.most_common(20)]
+    out += ["", "total time by package (any frame on the stack):"]
+    out += [f"  {100 * n / total:5.1f}%  {g}" for g, n in incl_group.most_common(20)]
+    out += ["", f"top {top} functions by self time:"]
+    out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in self_fn.most_common(top)]
+    mine = [(f, n) for f, n in self_fn.most_common() if group_of(f) in ("router", "policies")]
+    out += ["", f"top {top} router/policies functions by self time:"]
+    out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in mine[:top]]
+    out += ["", f"top {top} functions by total time:"]
+    out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in incl_fn.most_common(top)]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peers-venv", default=".venv-peers")
+    ap.add_argument("--policy", default="round_robin")
+    ap.add_argument("--mode", choices=("non-stream", "stream", "paced"), default="non-stream")
+    ap.add_argument("--events", type=int, default=16)
+    ap.add_argument("--delay-ms", type=float, default=10.0)
+    ap.add_argument("--duration", type=int, default=12)
+    ap.add_argument("--rate", type=int, default=250, help="py-spy samples/s")
+    ap.add_argument("--lmroute-args", nargs="*", default=["--no-access-log"])
+    ap.add_argument("--lmroute-exe", help="another checkout's lmroute (e.g. main's "
+                    ".venv/bin/lmroute): its profile, for before/after")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    py = sys.executable
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        lua = Path(tmp) / "req.lua"
+        lua.write_text(LUA_TEMPLATE % (BODY % ("" if args.mode == "non-stream" else ',"stream":true')))
+        backends = [free_port(), free_port()]
+        paced = args.mode == "paced"
+        for port in backends:
+            stack.enter_context(started(
+                ["taskset", "-c", LOAD_CPU, py, str(HERE / "fake_backend.py"), "--host", HOST,
+                 "--port", str(port), "--tokens", str(args.events if paced else 16),
+                 "--token-delay", str(args.delay_ms / 1000 if paced else 0)], port, "backend"))
+        port = free_port()
+        exe = [args.lmroute_exe] if args.lmroute_exe else [py, "-m", "router.cli"]
+        cmd = ["taskset", "-c", ROUTER_CPU, *exe, "serve",
+               *[a for b in backends for a in ("--backend", f"http://{HOST}:{b}")],
+               "--policy", args.policy, "--host", HOST, "--port", str(port), "--drain-grace-s", "0",
+               *args.lmroute_args]
+        proc = stack.enter_context(started(cmd, port, "lmroute"))
+        if not paced:
+            check_replies(port, "lmroute")
+        run_wrk(port, lua, cpu=LOAD_CPU, threads=2, conns=64, duration_s=2)
+        raw = Path(tmp) / "raw.txt"
+        spy_exe = str(Path(args.peers_venv) / "bin" / "py-spy")
+        spy = subprocess.Popen([spy_exe, "record", "--format", "raw", "-o", str(raw),
+                                "-r", str(args.rate), "-d", str(args.duration),
+                                "-p", str(proc.pid), "--nonblocking"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        cpu0 = tree_cpu_s(proc.pid)
+        stats, _ = run_wrk(port, lua, cpu=LOAD_CPU, threads=2, conns=64, duration_s=args.duration - 1)
+        cpu = tree_cpu_s(proc.pid) - cpu0
+        spy.wait(timeout=60)
+        text = raw.read_text()
+        Path("out").mkdir(exist_ok=True)
+        Path("out", args.out.stem + ".raw").write_text(text)  # for flame graphs
+    per_req = cpu / max(1, stats["requests"]) * 1e6
+    who = args.lmroute_exe or "this checkout"
+    head = (f"{who}: lmroute serve --policy {args.policy} {' '.join(args.lmroute_args)}; "
+            f"mode {args.mode}; "
+            f"wrk -t2 -c64: {stats['rps']:.0f} req/s, router CPU {per_req:.0f}"
+            f" us/request; py-spy {args.rate}/s --nonblocking\n")
+    summary = head + summarise(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(summary + "\n")
+    print(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The streamed reply: each read from the replica goes to the client as one ASGI send.
+
+``Relay`` is the response of a streamed (SSE) proxied request. Per upstream read it does
+one ``readany`` on aiohttp's stream and one ``send`` of those bytes, nothing else: no
+batching (an event is never held back to join the next), no re-framing, no generator
+layers between the socket and the send (Starlette's ``StreamingResponse`` pulled each
+chunk through two async generators and ran an anyio task group per request).
+
+Around the loop, the same contract the ``StreamingResponse`` version had:
+
+- the client's disconnect (uvicorn speaks ASGI 2.3: a send after it is silently dropped,
+  so the disconnect must be watched) cancels the relay at once, from one watcher task on
+  ``receive()``; the cancellation is swallowed, as Starlette's task group did;
+- a replica stream that breaks after bytes reached the client ends with an SSE error
+  event (``router.errors.sse_error_event``) and a clean close: there is no retry;
+- ``wrap(f)`` lets a route read the bytes as they pass (``f`` maps the chunk iterator to
+  one yielding the same chunks: the Responses API learns its response ids this way);
+- ``first_byte()`` runs once, at the first body bytes (TTFT); ``finish(ended, ok)`` runs
+  exactly once, however the relay ended (``ended``: the replica's stream was read to its
+  end; ``ok``: and it did not break), after the upstream connection is released or closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from router.errors import UpstreamStreamBroken, sse_error_event
+from router.upstream import UpstreamResponse
+
+
+class Relay(Response):
+    def __init__(self, upstream: UpstreamResponse, raw_headers: list[tuple[bytes, bytes]], *,
+                 first_byte: Callable[[], None], broken: Callable[[UpstreamStreamBroken], None],
+                 finish: Callable[[bool, bool], None]):
+        # Response.__init__ would render a body and headers this response does not have.
+        self.status_code = upstream.status
+        self.raw_headers = raw_headers
+        self.background = None
+        self.upstream = upstream
+        self._first_byte, self._broken, self._finish = first_byte, broken, finish
+        self._wrap: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None
+
+    def wrap(self, f: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]]) -> None:
+        """Relay ``f(chunks)`` instead of the replica's chunks (after any earlier wrap)."""
+        inner = self._wrap
+        self._wrap = f if inner is None else (lambda chunks: f(inner(chunks)))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            task.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        ended = ok = False
+        try:
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
+            ok = await self._pump(send)
+            ended = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not (gone and task.uncancel() == 0):
+                raise
+        finally:
+            watcher.cancel()
+            self.upstream.abort()
+            self._finish(ended, ok)
+
+    async def _pump(self, send: Send) -> bool:
+        """Relay the replica's bytes until its stream ends; False if it broke."""
+        first = True
+        chunks = self.upstream.chunks()
+        if self._wrap is not None:
+            chunks = self._wrap(chunks)
+        try:
+            async for chunk in chunks:
+                if first:
+                    first = False
+                    self._first_byte()
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UpstreamStreamBroken as exc:
+            # Bytes already reached the client: no retry. End with an error event the
+            # OpenAI SDKs raise on, then close the stream cleanly.
+            self._broken(exc)
+            await send({"type": "http.response.body", "body": sse_error_event(exc.message),
+                        "more_body": True})
+            return False
+        return True
