@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
@@ -98,42 +98,20 @@ def _canary(settings: Settings, replicas: ReplicaSet, upstream: Upstream, locato
                   clock=clock)
 
 
-def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
-    """Build the router app for ``settings``; nothing starts until the lifespan runs."""
-    if not settings.backends and not settings.backends_file:
-        raise ValueError("at least one --backend (or --backends-file) is required")
-    urls, dns = split_backends(settings.backends)  # dns+ names: router.membership
-    settings = dataclasses.replace(settings, backends=tuple(urls))
-    policy_name, policy_options, policy = _policy(settings)
-    upstream = Upstream(settings.connect_timeout_s, settings.first_byte_timeout_s,
-                        keepalive_s=settings.upstream_keepalive_s)
-    replicas = _replicas(settings, upstream, clock)
-    metrics = RouterMetrics(replicas)
-    # Token mode hashes the engine's token ids; text mode about four bytes of text per token.
-    tokenizer = ChatTokenizer.from_dir(settings.tokenizer) if settings.tokenizer else None
-    block_tokens = settings.block_tokens if tokenizer else settings.block_bytes // 4
-    # Replicas may join at run time (admin API, file, DNS): they get sources from the config.
+def _event_config(settings: Settings, dns: list[str], *, tokenized: bool) -> EventConfig:
+    """Where KV events come from; replicas may join at run time (admin API, file, DNS) and
+    then get their sources from this config."""
     config = EventConfig.parse(settings.backends, settings.kv_events, settings.kv_events_replay,
                                dynamic=bool(settings.admin_key or settings.backends_file or dns))
-    if config.enabled and tokenizer is None:
+    if config.enabled and not tokenized:
         raise ValueError("--kv-events needs --tokenizer: event keys are token-mode keys")
-    index = _index(settings, block_tokens, metrics)
-    metrics.watch_index(index)
-    events = _events(settings, config, index, upstream, metrics, block_tokens)
-    locator = Locator(index, metrics, block_bytes=settings.block_bytes,
-                      pool_write_through=settings.pool_write_through and settings.pool_bytes > 0,
-                      tokenizer=tokenizer, block_tokens=block_tokens, precise=events.precise,
-                      default_model=settings.served_model)
-    replicas.on_health_change = lambda r: locator.replica_health_changed(r.id, r.healthy)
-    proxy = Proxy(replicas=replicas, upstream=upstream, policy=policy, locator=locator,
-                  metrics=metrics, clock=clock, max_body_bytes=settings.max_body_bytes,
-                  max_attempts=settings.max_attempts)
-    admin = PolicyAdmin(proxy, policy_name, policy_options)
-    canary = _canary(settings, replicas, upstream, locator, metrics, clock)
-    gate = _gate(settings, replicas)
-    surface = Surface.build(settings, proxy=proxy, replicas=replicas, upstream=upstream,
-                            gate=gate, dns=dns)
-    surface.membership.watchers.append(events)  # joining replicas get KV-event subscribers
+    return config
+
+
+def _lifespan(upstream: Upstream, index: PrefixIndex, replicas: ReplicaSet,
+              events: EngineEvents, surface: Surface, canary: Canary, locator: Locator
+              ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Start the background parts in order; stop them in reverse."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -152,6 +130,43 @@ def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
             await upstream.close()
             await locator.close()
 
+    return lifespan
+
+
+def create_app(settings: Settings, *, clock: Clock = time.monotonic) -> FastAPI:
+    """Build the router app for ``settings``; nothing starts until the lifespan runs."""
+    if not settings.backends and not settings.backends_file:
+        raise ValueError("at least one --backend (or --backends-file) is required")
+    urls, dns = split_backends(settings.backends)  # dns+ names: router.membership
+    settings = dataclasses.replace(settings, backends=tuple(urls))
+    policy_name, policy_options, policy = _policy(settings)
+    upstream = Upstream(settings.connect_timeout_s, settings.first_byte_timeout_s,
+                        keepalive_s=settings.upstream_keepalive_s)
+    replicas = _replicas(settings, upstream, clock)
+    metrics = RouterMetrics(replicas)
+    # Token mode hashes the engine's token ids; text mode about four bytes of text per token.
+    tokenizer = ChatTokenizer.from_dir(settings.tokenizer) if settings.tokenizer else None
+    block_tokens = settings.block_tokens if tokenizer else settings.block_bytes // 4
+    config = _event_config(settings, dns, tokenized=tokenizer is not None)
+    index = _index(settings, block_tokens, metrics)
+    metrics.watch_index(index)
+    events = _events(settings, config, index, upstream, metrics, block_tokens)
+    locator = Locator(index, metrics, block_bytes=settings.block_bytes,
+                      pool_write_through=settings.pool_write_through and settings.pool_bytes > 0,
+                      tokenizer=tokenizer, block_tokens=block_tokens, precise=events.precise,
+                      default_model=settings.served_model)
+    replicas.on_health_change = lambda r: locator.replica_health_changed(r.id, r.healthy)
+    proxy = Proxy(replicas=replicas, upstream=upstream, policy=policy, locator=locator,
+                  metrics=metrics, clock=clock, max_body_bytes=settings.max_body_bytes,
+                  max_attempts=settings.max_attempts)
+    admin = PolicyAdmin(proxy, policy_name, policy_options)
+    canary = _canary(settings, replicas, upstream, locator, metrics, clock)
+    gate = _gate(settings, replicas)
+    surface = Surface.build(settings, proxy=proxy, replicas=replicas, upstream=upstream,
+                            gate=gate, dns=dns)
+    surface.membership.watchers.append(events)  # joining replicas get KV-event subscribers
+
+    lifespan = _lifespan(upstream, index, replicas, events, surface, canary, locator)
     app = RouterApp(title="lmroute", lifespan=lifespan, docs_url=None, redoc_url=None,
                     openapi_url=None)
     drain = Drain()  # set on SIGTERM by router.drain.DrainingServer
