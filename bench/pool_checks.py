@@ -127,10 +127,14 @@ def main() -> int:
     ap.add_argument("--healthy-s", type=float, default=60.0)
     ap.add_argument("--limit-s", type=float, default=120.0)
     ap.add_argument("--canary-budget", default="12")
+    ap.add_argument("--time-scale", default="0.01",
+                    help="the replicas' --time-scale, wall seconds per model second (1: model time is "
+                         "wall time, so the canary's time to suspect reads in model seconds)")
     ap.add_argument("--json")
     args = ap.parse_args()
     out: dict[str, Any] = {}
-    with pooled_deployment("--admin-key", KEY, "--canary-budget", args.canary_budget) as (rt, reps):
+    with pooled_deployment("--admin-key", KEY, "--canary-budget", args.canary_budget,
+                           time_scale=args.time_scale) as (rt, reps):
         urls = [r.url for r in reps]
         if args.what in ("validate", "both"):
             out["validate"] = validate_modes(rt.url, urls, Path("out"))

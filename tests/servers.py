@@ -112,15 +112,16 @@ def router(backends: list[str], *extra: str, port: int | None = None) -> Server:
 
 
 @contextlib.contextmanager
-def pooled_deployment(*router_args: str) -> Iterator[tuple[Server, list[Server]]]:
-    """A private redis-server, two emulated replicas (``study-27b`` at time scale 0.01,
+def pooled_deployment(*router_args: str, time_scale: str = "0.01"
+                      ) -> Iterator[tuple[Server, list[Server]]]:
+    """A private redis-server, two emulated replicas (``study-27b`` at ``time_scale``,
     named r0 and r1) in separate processes sharing its pool, and a router in front
     (``router_args`` added); everything stopped on exit."""
     pool = RedisServer().start()
     started: list[Server] = []
     try:
         for i in range(2):
-            started.append(replica("--profile", "study-27b", "--time-scale", "0.01",
+            started.append(replica("--profile", "study-27b", "--time-scale", time_scale,
                                    "--pool", pool.url, "--name", f"r{i}").start())
         reps = list(started)
         started.append(router([r.url for r in reps], *router_args).start())
