@@ -36,14 +36,11 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "chaos"))
+from chaos import metric
 from servers import Server, replica, router
 
 CONFIGS = {"old (5 s / 15 s)": ("5", "15"), "new (75 s / 4 s)": ("75", "4")}
-
-
-def metric_sum(text: str, name: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "_total{") or line.startswith(name + "_total "))
 
 
 async def clients(url: str, n: int, rounds: int, gaps: tuple[float, float],
@@ -79,15 +76,15 @@ def run_config(keep_alive: str, upstream: str, args: argparse.Namespace) -> dict
         started.append(lm)
         failed = asyncio.run(clients(lm.url + "/v1/chat/completions", args.clients,
                                      args.rounds, (args.gap_min, args.gap_max), args.seed))
-        metrics = httpx.get(lm.url + "/metrics").text
+        upstream_errors = metric(lm.url, "lmroute_upstream_errors_total")
+        retries = metric(lm.url, "lmroute_retries_total")
     finally:
         for s in reversed(started):
             s.stop()
     return {"keep_alive_s": float(keep_alive), "upstream_keepalive_s": float(upstream),
             "requests": args.clients * args.rounds, "client_failed": sum(failed.values()),
             "client_errors": dict(failed),
-            "router_upstream_errors": metric_sum(metrics, "lmroute_upstream_errors"),
-            "router_retries": metric_sum(metrics, "lmroute_retries")}
+            "router_upstream_errors": upstream_errors, "router_retries": retries}
 
 
 def main() -> int:
