@@ -1,16 +1,30 @@
 """The embedded prefix index: one LRU of block keys per replica GPU and one for the pool.
 
-Each tier is an ``OrderedDict`` from block key to last-seen time, oldest first, bounded by
-its capacity in blocks (``IndexCapacity``): ``record`` inserts a chain tail-first so the
-head ends most recent, then pops the oldest entries beyond capacity; ``evict`` pops the
-given keys (O(keys)). ``lookup`` walks the
-chain on the pool and on each replica until the first missing block: O(replicas x matched
-blocks), no allocation beyond the result. Memory is bounded by the sum of the capacities
-(~100 bytes per entry in CPython). Everything runs inside one event-loop step, so
-concurrent coroutines never see a half-applied record.
+Each tier is an ``OrderedDict`` from block key to a stamp, oldest first (the position is
+the recency), bounded by its capacity in blocks (``IndexCapacity``): ``record`` inserts a
+chain tail-first so the head ends most recent, then pops the oldest entries beyond
+capacity; ``evict`` pops the given keys (O(keys)). Memory is bounded by the sum of the
+capacities (~100 bytes per entry in CPython). Everything runs inside one event-loop step,
+so concurrent coroutines never see a half-applied record.
 
-Parameters: ``capacity``, ``clock`` (seconds; injected so tests and the simulator control
-time), ``block_tokens`` (copied into each ``Residency``), ``step_s`` (see base.py).
+Lookup: the length of the chain's leading run present in each tier, exactly as a walk to
+the first missing block would find it, without walking every block of every tier. A
+block's stamp is ``(epoch, i)``: the tier's eviction epoch and the block's position ``i``
+in the record that last wrote it. A block stamped ``(current epoch, j)`` found at
+position ``j`` of the looked-up chain has its ``j`` ancestors present: that record wrote
+them together, after it in LRU order; a later record that writes the block writes its
+ancestors after it again (or, starting mid-chain, restamps it with a smaller position),
+so LRU pops cannot take an ancestor first, and anything else that removes blocks
+(``evict``: an engine's ``BlockRemoved`` may drop a middle block) moves the epoch on. The
+stamp test is monotone along a chain, so a bisection finds how far it holds (O(log
+blocks) dictionary reads); from there a walk finds the first missing block (nothing to
+walk in the common case; all of it where records start mid-chain, as engine
+``BlockStored`` events do, or after an ``evict``). This relies on what makes keys chain
+(``router.prefix``): a key identifies the keys before it.
+
+Parameters: ``capacity``, ``clock`` (kept for the constructors' common signature: order
+is position here, not a timestamp), ``block_tokens`` (copied into each ``Residency``),
+``step_s`` (see base.py; unused here for the same reason).
 """
 
 from __future__ import annotations
@@ -18,41 +32,62 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from itertools import takewhile
+from itertools import islice, takewhile
 
 from policies.base import DEFAULT_BLOCK_TOKENS, ReplicaId, Residency, Tier
 from router.index.base import DEFAULT_STEP_S, BlockKey, IndexCapacity, check_record
 
+# Stamp = epoch * _SPAN + position: one int compare per probe. Positions stay below any
+# capacity a tier can have.
+_SPAN = 1 << 48
+
 
 class _LruBlocks:
-    """Block key -> last-seen time, least recently seen first, at most ``capacity``."""
+    """Block key -> stamp (see the module docstring), least recently seen first."""
 
-    __slots__ = ("capacity", "entries")
+    __slots__ = ("base", "capacity", "entries")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.entries: OrderedDict[BlockKey, float] = OrderedDict()
+        self.base = 0  # the current epoch times _SPAN
+        self.entries: OrderedDict[BlockKey, int] = OrderedDict()
 
-    def add(self, chain: Sequence[BlockKey], now: float, step_s: float) -> None:
+    def add(self, chain: Sequence[BlockKey]) -> None:
         chain = chain[: self.capacity]
         entries = self.entries
+        base = self.base
         # Tail first: the head must end up most recent so eviction starts at the tail.
         for i in range(len(chain) - 1, -1, -1):
             key = chain[i]
-            entries[key] = now - i * step_s
+            entries[key] = base + i
             entries.move_to_end(key)
         for _ in range(len(entries) - self.capacity):
             entries.popitem(last=False)
 
     def discard(self, keys: Sequence[BlockKey]) -> None:
         entries = self.entries
+        size = len(entries)
         for key in keys:
             entries.pop(key, None)
+        if len(entries) != size:  # a middle block may be gone: no stamp vouches any more
+            self.base += _SPAN
 
     def leading(self, chain: Sequence[BlockKey]) -> int:
-        # takewhile over the C-level ``__contains__``: ~2x faster than a Python loop on
-        # a 512-block (128k-token) chain, for every replica at every decision.
-        return len(list(takewhile(self.entries.__contains__, chain)))
+        """How many leading blocks of ``chain`` this tier holds."""
+        get, base = self.entries.get, self.base
+        lo = 0
+        if chain and get(chain[0]) == base:
+            lo, hi = 1, len(chain)  # stamps hold at lo - 1; find the first where they fail
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if get(chain[mid]) == base + mid:
+                    lo = mid + 1
+                else:
+                    hi = mid
+        if lo == len(chain) or chain[lo] not in self.entries:
+            return lo  # the common case: the stamps vouched for the whole run
+        # takewhile over the C-level ``__contains__``: ~2x faster than a Python loop.
+        return lo + len(list(takewhile(self.entries.__contains__, islice(chain, lo, None))))
 
 
 class MemoryIndex:
@@ -108,7 +143,7 @@ class MemoryIndex:
             target = self._gpu.get(replica) or self._gpu.setdefault(
                 replica, _LruBlocks(self.capacity.gpu_for(replica))
             )
-        target.add(chain, self._clock(), self._step_s)
+        target.add(chain)
 
     async def evict(
         self, keys: Sequence[BlockKey], tier: Tier, replica: ReplicaId | None = None
