@@ -6,6 +6,7 @@ import random
 from typing import Any
 
 import pytest
+import xxhash
 
 from router.prefix import (
     bytes_chain,
@@ -186,3 +187,24 @@ def test_pack_token_ids_is_u32_little_endian() -> None:
     for bad in ([-1], [2**32]):
         with pytest.raises(ValueError):
             pack_token_ids(bad)
+
+
+def test_keys_are_pinned() -> None:
+    """The keys themselves never change: Redis indexes written by other router versions
+    and engine-event keys (token mode) must keep meeting them. Pinned values, and the
+    definition ``k_i = xxh3_64(block_i, seed=k_{i-1})`` recomputed here."""
+    body = {"model": "m", "cache_salt": "t1", "messages": [
+        {"role": "system", "content": "x" * 3000}, {"role": "user", "content": "héllo wörld " * 300}]}
+    keys = chain_for_body(body, "chat")
+    assert len(keys) == 7
+    assert keys[:4] == [11464563685211577417, 15416087456166315612, 6790224691617133175,
+                        14633892636844520289]
+    assert token_chain(list(range(1024)), ROOT)[:4] == [
+        8398316080864687735, 8280790523974500358, 12431521000344011770, 5840964587391369276]
+    data = render_body(body, "chat")
+    parent, expected = root_key("m", "t1"), []
+    for start in range(0, len(data) - 1023, 1024):
+        parent = xxhash.xxh3_64_intdigest(data[start : start + 1024], seed=parent)
+        expected.append(parent)
+    assert keys == expected
+    assert bytes_chain(data[:5000], ROOT, block_bytes=7) == bytes_chain(data[:4998], ROOT, 7)
