@@ -15,10 +15,12 @@ position ``j`` of the looked-up chain has its ``j`` ancestors present: that reco
 them together, after it in LRU order; a later record that writes the block writes its
 ancestors after it again (or, starting mid-chain, restamps it with a smaller position),
 so LRU pops cannot take an ancestor first, and anything else that removes blocks
-(``evict``: an engine's ``BlockRemoved`` may drop a middle block) moves the epoch on. The
-stamp test is monotone along a chain, so a bisection finds how far it holds (O(log
-blocks) dictionary reads); from there a walk finds the first missing block (nothing to
-walk in the common case; all of it where records start mid-chain, as engine
+(``evict``: an engine's ``BlockRemoved`` may drop a middle block) moves the epoch on. A
+bisection over the stamp test (O(log blocks) dictionary reads) ends at a position the
+stamps vouch for (the whole run after whole-chain records; short of it where a
+mid-chain record restamped blocks: the test is then not monotone, but every position it
+passes still vouches); from there a walk finds the first missing block (nothing to walk
+in the common case; most of the run where records start mid-chain, as engine
 ``BlockStored`` events do, or after an ``evict``). This relies on what makes keys chain
 (``router.prefix``): a key identifies the keys before it.
 
