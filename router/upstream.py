@@ -53,6 +53,8 @@ HOP_BY_HOP = frozenset(
     }
 )
 
+HOP_BY_HOP_RAW = frozenset(name.encode() for name in HOP_BY_HOP)
+
 _CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
@@ -68,6 +70,14 @@ def end_to_end(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(k, v) for k, v in items if k.lower() not in HOP_BY_HOP and k.lower() not in named]
 
 
+def end_to_end_raw(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``end_to_end`` for raw headers whose names are lower case already."""
+    items = list(headers)
+    named = {token.strip().lower() for key, value in items if key == b"connection"
+             for token in value.split(b",")}
+    return [(k, v) for k, v in items if k not in HOP_BY_HOP_RAW and k not in named]
+
+
 class UpstreamResponse(Protocol):
     """A replica's answer after its headers arrived; the body is still to be read.
 
@@ -76,7 +86,14 @@ class UpstreamResponse(Protocol):
     """
 
     status: int
-    headers: list[tuple[str, str]]
+
+    @property
+    def headers(self) -> list[tuple[str, str]]: ...
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """The headers as sent, names in lower case."""
+        ...
 
     @property
     def content_type(self) -> str: ...
@@ -98,6 +115,10 @@ class AiohttpResponse:
     status: int
     headers: list[tuple[str, str]]
     _resp: aiohttp.ClientResponse
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        return [(k.lower(), v) for k, v in self._resp.raw_headers]
 
     @property
     def content_type(self) -> str:

@@ -54,13 +54,13 @@ class WireResponse:
         "_unread",
         "_waiter",
         "_whole",
-        "headers",
+        "raw_headers",
         "status",
     )
 
     def __init__(self, conn: Conn):
         self.status = 0
-        self.headers: list[tuple[str, str]] = []
+        self.raw_headers: list[tuple[bytes, bytes]] = []  # names in lower case
         self._conn: Conn | None = conn
         self._chunks: deque[bytes] = deque()
         self._unread = 0
@@ -73,10 +73,14 @@ class WireResponse:
 
     # -- the consumer's side -------------------------------------------------------
     @property
+    def headers(self) -> list[tuple[str, str]]:
+        return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.raw_headers]
+
+    @property
     def content_type(self) -> str:
-        for key, value in self.headers:
-            if key.lower() == "content-type":
-                return value
+        for key, value in self.raw_headers:
+            if key == b"content-type":
+                return value.decode("latin-1")
         return ""
 
     @property
@@ -196,13 +200,12 @@ class Conn(asyncio.Protocol):
     # -- httptools callbacks -------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.resp is not None
-        key = name.decode("latin-1")
-        lowered = key.lower()
-        if lowered == "content-length":
+        name = name.lower()
+        if name == b"content-length":
             self.resp._length = True
-        elif lowered == "transfer-encoding":
+        elif name == b"transfer-encoding":
             self.resp._length = self.resp._chunked = True
-        self.resp.headers.append((key, value.decode("latin-1")))
+        self.resp.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         assert self.resp is not None and self.head is not None
