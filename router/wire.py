@@ -35,6 +35,7 @@ import httptools
 from router.errors import UpstreamConnectError, UpstreamStreamBroken
 
 if TYPE_CHECKING:
+    from router.forward import Forward
     from router.wire_pool import WirePool
 
 HIGH_WATER = 1 << 20  # unread reply bytes that pause the replica's socket
@@ -51,6 +52,7 @@ class WireResponse:
         "_done",
         "_error",
         "_length",
+        "_sink",
         "_unread",
         "_waiter",
         "_whole",
@@ -70,6 +72,7 @@ class WireResponse:
         self._length = False  # the reply declared its length (content-length or chunked)
         self._chunked = False
         self._whole = False  # read() wants the whole body: no pause for flow control
+        self._sink: Forward | None = None  # router.forward: reads go straight to the client
 
     # -- the consumer's side -------------------------------------------------------
     @property
@@ -131,6 +134,35 @@ class WireResponse:
         if conn is not None and not self._done:
             conn.close()
 
+    # -- router.forward's hand-over ------------------------------------------------
+    def take(self) -> bytes | None:
+        """The next buffered chunk, or None."""
+        if not self._chunks:
+            return None
+        chunk = self._chunks.popleft()
+        self._took(len(chunk))
+        return chunk
+
+    def attach(self, sink: Forward) -> tuple[str | None] | None:
+        """Send later reads to ``sink`` (none may be buffered); if the reply already
+        ended, attach nothing and return ``(error or None,)``."""
+        assert not self._chunks
+        if self._done or self._error is not None:
+            return (None if self._done else self._error,)
+        self._sink = sink
+        return None
+
+    def detach(self) -> None:
+        self._sink = None
+
+    def pause_reading(self) -> None:
+        if self._conn is not None:
+            self._conn.pause()
+
+    def resume_reading(self) -> None:
+        if self._conn is not None:
+            self._conn.resume()
+
     def _took(self, n: int) -> None:
         self._unread -= n
         conn = self._conn
@@ -139,6 +171,9 @@ class WireResponse:
 
     # -- the connection's side -----------------------------------------------------
     def _feed(self, chunk: bytes) -> None:
+        if self._sink is not None:
+            self._sink.chunk(chunk)
+            return
         self._chunks.append(chunk)
         self._unread += len(chunk)
         self._wake()
@@ -150,6 +185,8 @@ class WireResponse:
             self._done = True
         else:
             self._error = error
+        if self._sink is not None:
+            self._sink.end(error)
         self._wake()
 
     def _wake(self) -> None:
