@@ -93,6 +93,9 @@ class Forward:
                     if blocker is None:  # a bare yield (asyncio.sleep(0))
                         await asyncio.sleep(0)
                     else:
+                        # What a Task does with a future its coroutine yields: the flag
+                        # says "yielded, not yet taken"; awaiting it again requires it reset.
+                        blocker._asyncio_future_blocking = False
                         await blocker
                 except asyncio.CancelledError:
                     raise

@@ -231,3 +231,53 @@ def test_router_relays_through_the_wire_client(start_servers) -> None:
         assert r.headers["x-lmroute-replica"] == "r0"
         body = b"".join(r.iter_bytes())
     assert body.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_slow_client_gets_every_event_in_order(start_servers) -> None:
+    """A stream far larger than the sockets' buffers, read by a client that stalls: the
+    router's direct forwarding (router.forward) must fall back to a task, pause the
+    replica's socket and deliver everything, in order, exactly as the replica sent it."""
+    import socket
+    import time
+
+    from servers import router
+
+    rep = start_servers(replica("--ttft", "0", "--tpot", "0"))
+    lm = start_servers(router([rep.url]))
+    body = {"model": "emulated-27b", "prompt": "tell me everything", "max_tokens": 30000,
+            "stream": True, "ignore_eos": True}
+    direct = httpx.post(rep.url + "/v1/completions", json=body, timeout=60).content
+
+    host, port = lm.url.removeprefix("http://").split(":")
+    payload = httpx.Request("POST", lm.url + "/v1/completions", json=body)
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    head = (f"POST /v1/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(payload.content)}\r\nconnection: close\r\n\r\n").encode()
+    sock.sendall(head + payload.content)
+    time.sleep(2.0)  # stall: the router's writes must back up
+    raw = bytearray()
+    while chunk := sock.recv(65536):
+        raw += chunk
+    sock.close()
+    relayed = _dechunk(bytes(raw).split(b"\r\n\r\n", 1)[1])
+
+    def texts(stream: bytes) -> list[str]:
+        import json as _json
+        events = [e.removeprefix(b"data: ") for e in stream.split(b"\n\n") if e]
+        assert events[-1] == b"[DONE]"
+        return [_json.loads(e)["choices"][0]["text"] for e in events[:-1]]
+
+    assert len(direct) > 4 * 2**20  # larger than what the kernel buffers between us
+    assert texts(relayed) == texts(direct)
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, i = bytearray(), 0
+    while True:
+        j = data.index(b"\r\n", i)
+        size = int(data[i:j], 16)
+        if size == 0:
+            return bytes(out)
+        out += data[j + 2:j + 2 + size]
+        i = j + 2 + size + 2
