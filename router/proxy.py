@@ -54,7 +54,7 @@ from router.metrics import RouterMetrics
 from router.openai_api import Endpoint, ParsedRequest, parse_request
 from router.relay import Relay
 from router.replicas import Replica, ReplicaSet
-from router.upstream import Upstream, UpstreamResponse, end_to_end
+from router.upstream import Upstream, UpstreamResponse, end_to_end, end_to_end_raw
 
 Clock = Callable[[], float]
 PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -319,8 +319,7 @@ class Proxy:
 
     def _headers(self, resp: UpstreamResponse, attempt: _Attempt,
                  request_id: str) -> list[tuple[bytes, bytes]]:
-        out = [(k.lower().encode("latin-1"), v.encode("latin-1"))
-               for k, v in end_to_end(resp.headers) if k.lower() != "x-request-id"]
+        out = [(k, v) for k, v in end_to_end_raw(resp.raw_headers) if k != b"x-request-id"]
         out += [
             (b"x-request-id", request_id.encode("latin-1")),
             (b"x-lmroute-replica", attempt.replica.url.encode("latin-1")),

@@ -29,7 +29,9 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from router.errors import UpstreamStreamBroken, sse_error_event
+from router.forward import Forward
 from router.upstream import UpstreamResponse
+from router.wire import WireResponse
 
 
 class Relay(Response):
@@ -79,6 +81,11 @@ class Relay(Response):
 
     async def _pump(self, send: Send) -> bool:
         """Relay the replica's bytes until its stream ends; False if it broke."""
+        if self._wrap is None and isinstance(self.upstream, WireResponse):
+            broke = await Forward(self.upstream, send, self._first_byte).run()
+            if broke is None:
+                return True
+            return await self._break(send, UpstreamStreamBroken(f"replica stream broke: {broke}"))
         first = True
         chunks = self.upstream.chunks()
         if self._wrap is not None:
@@ -90,10 +97,13 @@ class Relay(Response):
                     self._first_byte()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamStreamBroken as exc:
-            # Bytes already reached the client: no retry. End with an error event the
-            # OpenAI SDKs raise on, then close the stream cleanly.
-            self._broken(exc)
-            await send({"type": "http.response.body", "body": sse_error_event(exc.message),
-                        "more_body": True})
-            return False
+            return await self._break(send, exc)
         return True
+
+    async def _break(self, send: Send, exc: UpstreamStreamBroken) -> bool:
+        # Bytes already reached the client: no retry. End with an error event the OpenAI
+        # SDKs raise on, then close the stream cleanly.
+        self._broken(exc)
+        await send({"type": "http.response.body", "body": sse_error_event(exc.message),
+                    "more_body": True})
+        return False

@@ -14,9 +14,12 @@ retryable connect error). vLLM's server (uvicorn) closes idle connections after 
 (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``) and aiohttp keeps them 15 s by default, so the pool
 here drops them after ``keepalive_s`` (4 s by default, ``--upstream-keepalive-s``).
 
-Client: aiohttp's ClientSession. docs/benchmarks.md ("Upstream HTTP client") has the
-measurement behind the choice (bench/upstream_clients.py): httpx's default transport was
-the bottleneck of a proxy here, far below aiohttp's throughput.
+Clients: plain-http requests with a body in memory (nearly all traffic) go through
+``router.wire_pool``, a small httptools-parsed client that costs a fraction of aiohttp's
+Python per streamed read; https, streamed uploads and HEAD go through aiohttp's
+ClientSession. Both give an ``UpstreamResponse``. docs/benchmarks.md ("Upstream HTTP
+client", "The replica hop without aiohttp") has the measurements behind both choices
+(bench/upstream_clients.py: httpx's default transport was far below aiohttp's throughput).
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 import yarl
 
 from router.errors import UpstreamConnectError, UpstreamStreamBroken
+from router.wire_pool import WirePool
 
 # RFC 9110 section 7.6.1: connection-specific headers a proxy must not forward; plus
 # content-length/host, which the client library recomputes for each hop.
@@ -48,6 +53,8 @@ HOP_BY_HOP = frozenset(
     }
 )
 
+HOP_BY_HOP_RAW = frozenset(name.encode() for name in HOP_BY_HOP)
+
 _CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
@@ -63,13 +70,55 @@ def end_to_end(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(k, v) for k, v in items if k.lower() not in HOP_BY_HOP and k.lower() not in named]
 
 
+def end_to_end_raw(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``end_to_end`` for raw headers whose names are lower case already."""
+    items = list(headers)
+    named = {token.strip().lower() for key, value in items if key == b"connection"
+             for token in value.split(b",")}
+    return [(k, v) for k, v in items if k not in HOP_BY_HOP_RAW and k not in named]
+
+
+class UpstreamResponse(Protocol):
+    """A replica's answer after its headers arrived; the body is still to be read.
+
+    ``read()`` the whole body or ``chunks()`` as it arrives (``UpstreamStreamBroken`` if
+    it breaks); ``abort()`` closes the connection unless the body was read to its end.
+    """
+
+    status: int
+
+    @property
+    def headers(self) -> list[tuple[str, str]]: ...
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """The headers as sent, names in lower case."""
+        ...
+
+    @property
+    def content_type(self) -> str: ...
+
+    @property
+    def is_event_stream(self) -> bool: ...
+
+    async def read(self) -> bytes: ...
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    def abort(self) -> None: ...
+
+
 @dataclass(slots=True)
-class UpstreamResponse:
-    """A replica's answer after its headers arrived; the body is still to be read."""
+class AiohttpResponse:
+    """An ``UpstreamResponse`` from aiohttp (https, streamed uploads, HEAD)."""
 
     status: int
     headers: list[tuple[str, str]]
     _resp: aiohttp.ClientResponse
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        return [(k.lower(), v) for k, v in self._resp.raw_headers]
 
     @property
     def content_type(self) -> str:
@@ -127,9 +176,12 @@ class Upstream:
         self._first_byte_timeout_s = first_byte_timeout_s
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
+        self._wire: WirePool | None = None
         self._urls: dict[str, yarl.URL] = {}  # parsed once: aiohttp re-parses a str per request
 
     async def start(self) -> None:
+        self._wire = WirePool(self._connect_timeout_s, self._first_byte_timeout_s,
+                              self._keepalive_s, limit=self._pool_size)
         # Close idle connections before the replica does (see ``keepalive_s`` in the module
         # docstring): a request written to a connection the replica is closing fails.
         connector = aiohttp.TCPConnector(limit=self._pool_size, limit_per_host=0,
@@ -149,6 +201,9 @@ class Upstream:
         )
 
     async def close(self) -> None:
+        if self._wire is not None:
+            self._wire.close()
+            self._wire = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -164,6 +219,9 @@ class Upstream:
         body: bytes | AsyncIterable[bytes] | None,
     ) -> UpstreamResponse:
         """Send a request; return when the replica's headers arrived."""
+        if self._wire is not None and WirePool.handles(method, url, body):
+            assert body is None or isinstance(body, bytes)
+            return await self._wire.send(method, url, headers, body)
         parsed = self._urls.get(url)
         if parsed is None:
             if len(self._urls) >= 4096:  # replicas x paths is small; bound it anyway
@@ -173,7 +231,7 @@ class Upstream:
             resp = await self.session.request(method, parsed, headers=headers, data=body)
         except _CLIENT_ERRORS as exc:
             raise UpstreamConnectError(f"replica {url} unreachable: {exc!r}") from exc
-        return UpstreamResponse(status=resp.status, headers=list(resp.headers.items()), _resp=resp)
+        return AiohttpResponse(status=resp.status, headers=list(resp.headers.items()), _resp=resp)
 
     async def get(
         self, url: str, timeout_s: float, headers: dict[str, str] | None = None
