@@ -243,6 +243,11 @@ def test_emulated_replica_with_cpu_offload_indexes_it_as_its_own(start_servers: 
         events.start()
         try:
             ids = await send_until_precise(events, server.url)
+            # The offload events trail the GPU ones (a busy machine shows the gap): wait.
+            for _ in range(100):
+                if ingest.tracker(server.url, local=True).held_keys():
+                    break
+                await asyncio.sleep(0.05)
         finally:
             await events.stop()
         assert ingest.tracker(server.url, local=True).held_keys()  # the CPU tier was seen
