@@ -36,7 +36,9 @@ from router.errors import UpstreamConnectError, UpstreamStreamBroken
 from router.wire_pool import WirePool
 
 # RFC 9110 section 7.6.1: connection-specific headers a proxy must not forward; plus
-# content-length/host, which the client library recomputes for each hop.
+# content-length/host, which the client library recomputes for each hop, and expect: the
+# router has read the whole body already, so a 100-continue handshake with the replica
+# would only cost a round trip (curl sends it for any body over 1 KiB).
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -50,6 +52,7 @@ HOP_BY_HOP = frozenset(
         "upgrade",
         "content-length",
         "host",
+        "expect",
     }
 )
 

@@ -246,7 +246,12 @@ class Conn(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         assert self.resp is not None and self.head is not None
-        self.resp.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if status < 200:  # an interim reply (100 Continue, 103 Early Hints): the real one follows
+            self.resp.raw_headers.clear()
+            self.resp._length = False
+            return
+        self.resp.status = status
         if not self.head.done():
             self.head.set_result(None)
 
@@ -255,6 +260,8 @@ class Conn(asyncio.Protocol):
         self.resp._feed(body)
 
     def on_message_complete(self) -> None:
+        if self.resp is not None and not self.resp.status:
+            return  # the end of an interim reply
         self._done_reply(keep=self.parser.should_keep_alive())
 
     # -- requests ------------------------------------------------------------------

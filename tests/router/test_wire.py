@@ -71,6 +71,26 @@ async def test_close_delimited_body_and_connection_close_are_honoured() -> None:
         server.close()
 
 
+async def test_interim_replies_are_skipped() -> None:
+    async def early(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _head(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n"
+                     b"HTTP/1.1 201 Created\r\ncontent-length: 4\r\nx-real: 1\r\n\r\ndone")
+
+    server, url = await _serve(early)
+    pool = WirePool(1, 5, 4)
+    try:
+        resp = await pool.send("POST", url + "/", [("expect", "100-continue")], b"{}")
+        assert resp.status == 201 and resp.raw_headers == [(b"content-length", b"4"),
+                                                           (b"x-real", b"1")]
+        assert await resp.read() == b"done"
+    finally:
+        pool.close()
+        server.close()
+
+
 async def test_refused_and_malformed_replies_are_connect_errors() -> None:
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _head(reader)
