@@ -50,9 +50,10 @@ gone or failed this request).
 
 Calibration (``policies.calibration``): each first token gives an observed service time,
 ``first token - max(its dispatch, r's previous first token)`` (FIFO), which updates the
-fleet's factor on each term of the cost model and each replica's bounded deviation, so the
-prior (the study fit) adapts to the hardware, a prior wrong in one term, or an emulator's
-time scale. ``choose`` is pure: time comes from
+fleet's factor on each term of the cost model and each replica's bounded deviation (from
+a run of requests queued behind each other as one total: an engine that batches
+prefills answers them together), so the prior (the study fit) adapts to the hardware, a
+prior wrong in one term, or an emulator's time scale. ``choose`` is pure: time comes from
 ``RequestView.now``.
 """
 
@@ -151,6 +152,7 @@ class Locality(BasePolicy):
         self.calibration = Calibration(alpha=c.alpha, warmup=c.warmup, clip=c.clip)
         self._queues: dict[str, _Queue] = {}
         self._chosen: dict[str, Estimate] = {}
+        self._behind: set[str] = set()  # dispatched while others of ours were still pending
         self._service_mean: dict[str, float] = {}
         self._sessions = _SessionLog()
 
@@ -227,6 +229,8 @@ class Locality(BasePolicy):
     def dispatched(self, request: RequestView, decision: Decision) -> None:
         est = self.estimate(request, ReplicaView(id=decision.replica, url=""))
         queue = self._queues.setdefault(decision.replica, _Queue())
+        if queue.pending:
+            self._behind.add(request.request_id)
         queue.pending[request.request_id] = (request.now, est.load_s + est.prefill_s)
         self._chosen[request.request_id] = est
         self._sessions.sent(request.session, decision.replica, request.prompt_tokens,
@@ -237,6 +241,8 @@ class Locality(BasePolicy):
         if outcome.phase == "done" or not outcome.ok:
             self._sessions.finished(outcome.request.session, rid)
         est = self._chosen.pop(rid, None)
+        behind = rid in self._behind
+        self._behind.discard(rid)
         if est is None:
             return  # already observed at its first token
         queue = self._queues[outcome.decision.replica]
@@ -249,14 +255,19 @@ class Locality(BasePolicy):
         started = max(sent, queue.last_first_token)
         queue.last_first_token = max(queue.last_first_token, at)
         service = at - started
-        if service <= 0:
+        queued = behind or started > sent
+        if service > 0:
+            prev = self._service_mean.get(est.replica)
+            self._service_mean[est.replica] = (service if prev is None
+                                               else 0.8 * prev + 0.2 * service)
+        elif not queued:
             return
-        prev = self._service_mean.get(est.replica)
-        self._service_mean[est.replica] = service if prev is None else 0.8 * prev + 0.2 * service
         if self.config.calibrate:
             terms = self.config.prior.terms(est.gpu_tokens + est.pool_tokens, est.new_tokens,
                                             est.pool_tokens)
-            self.calibration.update(est.replica, terms, service)
+            # A queued request's own time is the engine's scheduler's to split (batched
+            # prefills answer together); calibration counts its run's total instead.
+            self.calibration.update(est.replica, terms, max(0.0, service), queued=queued)
 
     def describe(self) -> dict[str, Any]:
         return {
