@@ -22,31 +22,36 @@ prefill, no queueing) into four terms, ``x = (fixed, linear, attention, load)`` 
   cannot tell "this replica is fast" from "this term is cheap", so the fleet's terms are
   learnt first), and only from evidence that can tell a replica's speed:
 
-  * **Runs, not requests.** A request dispatched while others of ours were still before
-    their first token on that replica (``queued``) does not measure the replica's speed
-    on its own: an engine that batches prefills (vLLM does) answers several in one step,
-    so the run's head "takes" the whole step and every request behind it a few
-    milliseconds. On the engine suite's two identical vLLM CPU replicas, per-request
-    log residuals of queued requests were -1.5 and -1.8 (about 0.2x the prediction)
-    against +0.02 and +0.10 for unqueued ones: the replica that happened to queue more
-    looked 4x faster, attracted more, queued more, and ended at the deviation bound with
-    76-78 % of the traffic. But the FIFO services of a run telescope to its busy time,
-    whoever the engine served first: so a replica's deviation learns one residual per
-    run, ``log(sum observed / sum predicted)`` (fleet factors, no deviation), a run
-    closed by the replica's next unqueued request or after ``run_max`` requests. In a
-    simulator that serves one prefill at a time, that is the same information as the
-    requests' own; batching's genuine saving (one step's overhead for several) is left,
-    small. Every observation, queued or not, teaches the fleet's factors, which the wait
+  * **Like for like, never a queued request on its own.** A request dispatched while
+    others of ours were still before their first token on that replica (``queued``)
+    does not measure the replica's speed: an engine that batches prefills (vLLM does)
+    answers several in one step, so one of them "takes" the step and the rest a few
+    milliseconds, and the step costs less than their sum. On the engine suite's two
+    identical vLLM CPU replicas, per-request log residuals of queued requests were -1.5
+    and -1.8 (about 0.2x the prediction) against +0.02 and +0.10 for unqueued ones: the
+    replica that happened to queue more looked 4x faster, attracted more, queued more,
+    and ended at the deviation bound with 76-78 % of the traffic. So deviations learn
+    from requests served alone (unqueued) while every replica has ``alone_min`` of them
+    (decayed weight). In a fleet so busy that nothing is served alone (the simulator
+    past its knee) they learn from FIFO runs instead: a run's services telescope to its
+    busy time whoever the engine served first, so one residual per run,
+    ``log(sum observed / sum predicted)``, a run closed by the replica's next unqueued
+    request or after ``run_max`` requests. That is exact for an engine that serves one
+    prefill at a time; with batching it still credits the busier replica with the
+    step's saving (runs alone left the vLLM pair at deviations 0.6-0.7 and 1.4-1.7,
+    78 % of the traffic on one engine), hence the preference for requests served alone.
+    Every observation, queued or not, teaches the fleet's factors, which the wait
     model needs as they are, batching included.
-  * **Shrunk by how much and how consistent the evidence is.** Per replica and part,
-    decayed sums of run residuals (factor ``replica_forget`` per run, weights the part's
-    share) give the mean ``m`` and variance ``v`` of the replica's log offset, ``n``
-    runs' worth. Its deviation is the posterior mean under a prior ``N(0, tau^2)``,
-    ``tau = log(max_deviation) / 2`` (identical replicas are the common case; the bound
-    is two prior sigmas): ``(m - pooled mean) * n / (n + v / tau^2)``, ``v`` at least
-    ``min_var``. On the CPU pair (``v`` about 0.4-0.9: two engines, the router and the
-    client on two shared cores) a few dozen runs are needed to move a replica by what
-    contention alone would not; a simulated 2x-slower card (``v`` near ``min_var``) is
+  * **Shrunk by how much and how consistent the evidence is.** Per replica, part and
+    kind (alone, runs), decayed sums of log offsets from the fleet's prediction (factor
+    ``replica_forget`` per sample, weights the part's share) give the mean ``m`` and
+    variance ``v`` of the replica's offset, ``n`` samples' worth. Its deviation is the
+    posterior mean under a prior ``N(0, tau^2)``, ``tau = log(max_deviation) / 2``
+    (identical replicas are the common case; the bound is two prior sigmas):
+    ``(m - pooled mean) * n / (n + v / tau^2)``, ``v`` at least ``min_var``. On the
+    CPU pair (``v`` about 0.4-0.9: two engines, the router and the client on two shared
+    cores) a few dozen samples are needed to move a replica by what contention alone
+    would not; a simulated 2x-slower card (``v`` near ``min_var``) is
     learnt in a handful. The pooled mean removes what every replica shares (a fleet
     factor still settling) before shrinking, so replicas with unequal evidence do not
     get unequal shares of it.
@@ -99,6 +104,7 @@ class Calibration:
     replica_warmup: int = 30
     replica_forget: float = 0.97
     run_max: int = 8
+    alone_min: float = 5.0
     min_var: float = 0.01
     observations: int = 0
     term_scale: list[float] = field(default_factory=lambda: [1.0] * 4)
@@ -107,7 +113,10 @@ class Calibration:
     count: dict[str, int] = field(default_factory=dict)
     abs_error: float = 0.0
     # replica -> per part (prefill, load): decayed [weight, sum, sum of squares] of residuals
-    _evidence: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
+    # "alone" (unqueued requests) and "runs" -> replica -> per part (prefill, load):
+    # decayed [weight, sum, sum of squares] of log offsets from the fleet's prediction
+    _evidence: dict[str, dict[str, tuple[list[float], list[float]]]] = field(
+        default_factory=lambda: {"alone": {}, "runs": {}})
     _runs: dict[str, list[float]] = field(default_factory=dict)  # replica -> open FIFO run
     _cov: list[list[float]] = field(default_factory=list)
     _base: float = 1.0
@@ -138,8 +147,20 @@ class Calibration:
             return None
         r = self._update_fleet(replica, terms, service, observed_s) if observed_s > 0 else None
         if self.observations > self.replica_warmup:
+            if not queued:
+                share, rest = self._offset(terms, observed_s, 1.0)
+                self._update_replica("alone", replica, share, rest)
             self._add_to_run(replica, terms, observed_s, queued)
         return r
+
+    def _offset(self, terms: Terms, observed_s: float, count: float) -> tuple[float, float]:
+        """(load's share, clipped log offset) of ``observed_s`` from the fleet's prediction
+        of ``count`` such requests (no deviation: this is what deviations are made of)."""
+        t = self.term_scale
+        load = t[3] * terms[3]
+        fleet = load + t[0] * terms[0] + t[1] * terms[1] + t[2] * terms[2]
+        bound = math.log(self.clip)
+        return load / fleet, max(-bound, min(bound, math.log(observed_s / (count * fleet))))
 
     def _update_fleet(self, replica: str, terms: Terms, service: float,
                       observed_s: float) -> float:
@@ -161,7 +182,7 @@ class Calibration:
         the split of time between requests is the engine's scheduler's, its total is not."""
         if not queued:
             self._close_run(replica)
-        t = self.term_scale
+        t = self.term_scale  # the fleet's prediction, without this replica's deviation
         load = t[3] * terms[3]
         fleet = load + t[0] * terms[0] + t[1] * terms[1] + t[2] * terms[2]
         run = self._runs.setdefault(replica, [0.0] * 4)  # count, observed, load, fleet
@@ -174,12 +195,9 @@ class Calibration:
         run = self._runs.pop(replica, None)
         if run is None or run[1] <= 0 or run[3] <= 0:
             return
-        # The replica's deviation learns what the fleet's factors leave unexplained: with
-        # one replica (or while the fleet is being learnt) that is little, so a replica's
-        # factor does not absorb an error of the prior's terms.
         bound = math.log(self.clip)
         rest = max(-bound, min(bound, math.log(run[1] / run[3])))
-        self._update_replica(replica, run[2] / run[3], rest)
+        self._update_replica("runs", replica, run[2] / run[3], rest)
 
     def _update_terms(self, replica: str, terms: Terms, service: float, ratio: float) -> None:
         if not self._cov:  # after warm-up: one scale known, each term's share free
@@ -196,17 +214,25 @@ class Calibration:
             self.term_scale[i] = max(low, min(high, self.term_scale[i]))
             self._cov[i][i] = min(self._cov[i][i], 4.0 * self._base ** 2)
 
-    def _update_replica(self, replica: str, share_load: float, r: float) -> None:
-        sums = self._evidence.setdefault(replica, ([0.0] * 3, [0.0] * 3))
+    def _update_replica(self, kind: str, replica: str, share_load: float, r: float) -> None:
+        sums = self._evidence[kind].setdefault(replica, ([0.0] * 3, [0.0] * 3))
         k = self.replica_forget
         for part, share in zip(sums, (1.0 - share_load, share_load), strict=True):
             part[0] = k * part[0] + share
             part[1] = k * part[1] + share * r
             part[2] = k * part[2] + share * r * r
+        # Like for like: unqueued requests while every replica has enough of them (no
+        # batching in them), else runs (a busy fleet, where nothing is served alone).
+        alone, runs = self._evidence["alone"], self._evidence["runs"]
+        enough = all(rid in alone and alone[rid][0][0] + alone[rid][1][0] >= self.alone_min
+                     for rid in (runs.keys() | alone.keys()))
+        self._deviations(alone if enough else runs)
+
+    def _deviations(self, evidence: dict[str, tuple[list[float], list[float]]]) -> None:
         bound = math.log(self.max_deviation)
         prior_var = (bound / 2) ** 2
         for index, table in enumerate((self.log_prefill, self.log_load)):
-            parts = {rid: sums[index] for rid, sums in self._evidence.items()}
+            parts = {rid: sums[index] for rid, sums in evidence.items()}
             weight = sum(p[0] for p in parts.values())
             if weight <= 0:
                 continue
