@@ -43,8 +43,12 @@ prefill, no queueing) into four terms, ``x = (fixed, linear, attention, load)`` 
     Every observation, queued or not, teaches the fleet's factors, which the wait
     model needs as they are, batching included.
   * **Shrunk by how much and how consistent the evidence is.** Per replica, part and
-    kind (alone, runs), decayed sums of log offsets from the fleet's prediction (factor
-    ``replica_forget`` per sample, weights the part's share) give the mean ``m`` and
+    kind (alone, runs), decayed sums of log offsets from the fleet's prediction (weights
+    the part's share; every replica's sums decay by ``replica_forget ** (1 / replicas)``
+    per sample of any replica, so evidence ages with time, not with the replica's own
+    traffic: on the vLLM pair one engine was 2x slower while the benchmark client
+    started, the same as the other afterwards, and the verdict learnt in the first
+    seconds outlived it on the replica that verdict starved) give the mean ``m`` and
     variance ``v`` of the replica's offset, ``n`` samples' worth. Its deviation is the
     posterior mean under a prior ``N(0, tau^2)``, ``tau = log(max_deviation) / 2``
     (identical replicas are the common case; the bound is two prior sigmas):
@@ -215,12 +219,19 @@ class Calibration:
             self._cov[i][i] = min(self._cov[i][i], 4.0 * self._base ** 2)
 
     def _update_replica(self, kind: str, replica: str, share_load: float, r: float) -> None:
-        sums = self._evidence[kind].setdefault(replica, ([0.0] * 3, [0.0] * 3))
-        k = self.replica_forget
-        for part, share in zip(sums, (1.0 - share_load, share_load), strict=True):
-            part[0] = k * part[0] + share
-            part[1] = k * part[1] + share * r
-            part[2] = k * part[2] + share * r * r
+        evidence = self._evidence[kind]
+        evidence.setdefault(replica, ([0.0] * 3, [0.0] * 3))
+        # Evidence ages with the fleet's samples, not the replica's own: a replica that
+        # gets little traffic must not keep an old verdict for good (it was learnt in a
+        # moment of contention, and is why it gets little traffic); its evidence fades,
+        # its deviation shrinks back towards 1, and it gets the traffic to be re-measured.
+        k = self.replica_forget ** (1.0 / len(evidence))
+        for rid, parts in evidence.items():
+            for part, share in zip(parts, (1.0 - share_load, share_load), strict=True):
+                new = share if rid == replica else 0.0
+                part[0] = k * part[0] + new
+                part[1] = k * part[1] + new * r
+                part[2] = k * part[2] + new * r * r
         # Like for like: unqueued requests while every replica has enough of them (no
         # batching in them), else runs (a busy fleet, where nothing is served alone).
         alone, runs = self._evidence["alone"], self._evidence["runs"]

@@ -125,3 +125,22 @@ def test_a_truly_slower_replica_is_still_learnt() -> None:
                 cal.update(replica, terms, observed, queued=queued)
         a, b = _deviations(cal)
         assert b / a == pytest.approx(2.0, rel=0.12)
+
+
+def test_a_verdict_learnt_in_a_moment_of_contention_fades() -> None:
+    """b was 3x slower for its first requests (the benchmark client starting on its core),
+    then as fast as a. Starved by that verdict it gets one request in ten: its old
+    evidence must age with the fleet's samples, not only with its own, or it stays
+    "slow" (and starved) long after the contention ended."""
+    rng = random.Random(7)
+    cal = Calibration()
+    terms = STUDY_PRIOR.terms(0, 8_000, 0)
+    work = truth(terms, (1, 1, 1, 1))
+    for _ in range(40):  # warm-up and the contended start
+        cal.update("a", terms, work * rng.lognormvariate(0, 0.1))
+        cal.update("b", terms, 3 * work * rng.lognormvariate(0, 0.1))
+    assert math.exp(cal.log_prefill["b"]) > 1.6
+    for i in range(300):  # contention over; b gets a tenth of the traffic
+        cal.update("b" if i % 10 == 0 else "a", terms, work * rng.lognormvariate(0, 0.1))
+    a, b = _deviations(cal)
+    assert b / a == pytest.approx(1.0, abs=0.1)
