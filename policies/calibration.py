@@ -55,14 +55,19 @@ prefill, no queueing) into four terms, ``x = (fixed, linear, attention, load)`` 
     ``(m - pooled mean) * n / (n + v / tau^2)``, ``v`` at least ``min_var``. On the
     CPU pair (``v`` about 0.4-0.9: two engines, the router and the client on two shared
     cores) a few dozen samples are needed to move a replica by what contention alone
-    would not; a simulated 2x-slower card (``v`` near ``min_var``) is
-    learnt in a handful. The pooled mean removes what every replica shares (a fleet
+    would not; a simulated 2x-slower card (``v`` near ``min_var``) is learnt in a
+    handful. The pooled mean removes what every replica shares (a fleet
     factor still settling) before shrinking, so replicas with unequal evidence do not
     get unequal shares of it.
   * Centred over the replicas (what all share is the fleet factors' to learn), split by
     each part's share of the prediction, bounded by ``+-log(max_deviation)``: a replica
     whose first replies were slow would otherwise look slow for good, get no traffic,
     and never be corrected.
+
+  Not handled yet: a replica used as overflow is measured only when the others are busy,
+  under contention that is not its own, and can still look slow for it (the vLLM pair on
+  a shared 2-core machine: 0.68-0.74 of some prompt sets on one engine;
+  docs/locality.md, "On two real vLLM engines").
 
 Residuals are clipped to ``+-log(clip)``, so one outlier moves little, and always use the
 current factors, not the ones of the prediction made at dispatch: with a long queue many

@@ -38,10 +38,10 @@ as under ``fixed``.
 Ties: replicas whose scores are within ``tie_margin`` (relative) of the best are not told
 apart by a model made of estimates (deviations of identical replicas differ by 10-20 %
 from noise alone); among them the one with the fewest of our requests queued wins, then
-the session's rendezvous order. Without it, two equally good replicas were decided by
-whichever the calibration believed a few percent faster, every time: at low load nearly
-every request is such a tie, so that replica took them all (on the vLLM CPU pair, 78-87 %
-of the traffic with deviations of 0.6-0.7 against 1.4-1.7).
+the session's rendezvous order. Without it, two equally good replicas are decided by
+whichever the calibration believes a few percent faster, every time, and at low load
+nearly every request is such a tie (``tests/policies/test_locality.py``; on the vLLM CPU
+pair the rule made no measurable difference to the split, docs/locality.md).
 
 Wait (FIFO, one prefill at a time per replica, as vLLM schedules long prefills): the
 requests this policy dispatched to ``r`` and whose first token has not arrived form a
