@@ -17,13 +17,57 @@ prefill, no queueing) into four terms, ``x = (fixed, linear, attention, load)`` 
   on ``observed / predicted ~ sum_i t_i * x_i / predicted`` (relative, so a 128k prefill
   does not outweigh everything else), forgetting factor ``forget``, each factor kept
   within ``max_term`` times of the warm-up scale.
-- ``P_r``, ``L_r``: one replica's deviation from the fleet (a slower card), an EWMA of
-  the log residual left after the fleet's update, from the ``replica_warmup``-th
-  observation on (replicas that serve different request mixes cannot tell "this replica
-  is fast" from "this term is cheap", so the fleet's terms are learnt first), with step
-  ``alpha / 2``, centred over the replicas, split by each part's share of the
-  prediction, bounded by ``+-log(max_deviation)``: a replica whose first replies were
-  slow would otherwise look slow for good, get no traffic, and never be corrected.
+- ``P_r``, ``L_r``: one replica's deviation from the fleet (a slower card), learnt from
+  the ``replica_warmup``-th observation on (replicas that serve different request mixes
+  cannot tell "this replica is fast" from "this term is cheap", so the fleet's terms are
+  learnt first), and only from evidence that can tell a replica's speed:
+
+  * **Like for like, never a queued request on its own.** A request dispatched while
+    others of ours were still before their first token on that replica (``queued``)
+    does not measure the replica's speed: an engine that batches prefills (vLLM does)
+    answers several in one step, so one of them "takes" the step and the rest a few
+    milliseconds, and the step costs less than their sum. On the engine suite's two
+    identical vLLM CPU replicas, per-request log residuals of queued requests were -1.5
+    and -1.8 (about 0.2x the prediction) against +0.02 and +0.10 for unqueued ones: the
+    replica that happened to queue more looked 4x faster, attracted more, queued more,
+    and ended at the deviation bound with 76-78 % of the traffic. So deviations learn
+    from requests served alone (unqueued) while every replica has ``alone_min`` of them
+    (decayed weight). In a fleet so busy that nothing is served alone (the simulator
+    past its knee) they learn from FIFO runs instead: a run's services telescope to its
+    busy time whoever the engine served first, so one residual per run,
+    ``log(sum observed / sum predicted)``, a run closed by the replica's next unqueued
+    request or after ``run_max`` requests. That is exact for an engine that serves one
+    prefill at a time; with batching it still credits the busier replica with the
+    step's saving (runs alone left the vLLM pair at deviations 0.6-0.7 and 1.4-1.7,
+    78 % of the traffic on one engine), hence the preference for requests served alone.
+    Every observation, queued or not, teaches the fleet's factors, which the wait
+    model needs as they are, batching included.
+  * **Shrunk by how much and how consistent the evidence is.** Per replica, part and
+    kind (alone, runs), decayed sums of log offsets from the fleet's prediction (weights
+    the part's share; every replica's sums decay by ``replica_forget ** (1 / replicas)``
+    per sample of any replica, so evidence ages with time, not with the replica's own
+    traffic: on the vLLM pair one engine was 2x slower while the benchmark client
+    started, the same as the other afterwards, and the verdict learnt in the first
+    seconds outlived it on the replica that verdict starved) give the mean ``m`` and
+    variance ``v`` of the replica's offset, ``n`` samples' worth. Its deviation is the
+    posterior mean under a prior ``N(0, tau^2)``, ``tau = log(max_deviation) / 2``
+    (identical replicas are the common case; the bound is two prior sigmas):
+    ``(m - pooled mean) * n / (n + v / tau^2)``, ``v`` at least ``min_var``. On the
+    CPU pair (``v`` about 0.4-0.9: two engines, the router and the client on two shared
+    cores) a few dozen samples are needed to move a replica by what contention alone
+    would not; a simulated 2x-slower card (``v`` near ``min_var``) is learnt in a
+    handful. The pooled mean removes what every replica shares (a fleet
+    factor still settling) before shrinking, so replicas with unequal evidence do not
+    get unequal shares of it.
+  * Centred over the replicas (what all share is the fleet factors' to learn), split by
+    each part's share of the prediction, bounded by ``+-log(max_deviation)``: a replica
+    whose first replies were slow would otherwise look slow for good, get no traffic,
+    and never be corrected.
+
+  Not handled yet: a replica used as overflow is measured only when the others are busy,
+  under contention that is not its own, and can still look slow for it (the vLLM pair on
+  a shared 2-core machine: 0.68-0.74 of some prompt sets on one engine;
+  docs/locality.md, "On two real vLLM engines").
 
 Residuals are clipped to ``+-log(clip)``, so one outlier moves little, and always use the
 current factors, not the ones of the prediction made at dispatch: with a long queue many
@@ -67,12 +111,22 @@ class Calibration:
     forget: float = 0.995
     max_term: float = 20.0
     replica_warmup: int = 30
+    replica_forget: float = 0.97
+    run_max: int = 8
+    alone_min: float = 5.0
+    min_var: float = 0.01
     observations: int = 0
     term_scale: list[float] = field(default_factory=lambda: [1.0] * 4)
     log_prefill: dict[str, float] = field(default_factory=dict)
     log_load: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
     abs_error: float = 0.0
+    # replica -> per part (prefill, load): decayed [weight, sum, sum of squares] of residuals
+    # "alone" (unqueued requests) and "runs" -> replica -> per part (prefill, load):
+    # decayed [weight, sum, sum of squares] of log offsets from the fleet's prediction
+    _evidence: dict[str, dict[str, tuple[list[float], list[float]]]] = field(
+        default_factory=lambda: {"alone": {}, "runs": {}})
+    _runs: dict[str, list[float]] = field(default_factory=dict)  # replica -> open FIFO run
     _cov: list[list[float]] = field(default_factory=list)
     _base: float = 1.0
 
@@ -91,12 +145,34 @@ class Calibration:
         """EWMA of |log(observed / predicted)| after warm-up (0 until then)."""
         return self.abs_error
 
-    def update(self, replica: str, terms: Terms, observed_s: float) -> float | None:
-        """Fold one observed service time in; returns the log residual it carried."""
+    def update(self, replica: str, terms: Terms, observed_s: float,
+               queued: bool = False) -> float | None:
+        """Fold one observed service time in; returns the log residual it carried.
+        ``queued``: it waited behind others of ours on ``replica`` (its time may be 0: an
+        engine that batches answers a run of queued requests together)."""
         load, prefill = self.predict(replica, terms)
         service = load + prefill
-        if service <= 0 or observed_s <= 0:
+        if service <= 0 or observed_s < 0 or (observed_s == 0 and not queued):
             return None
+        r = self._update_fleet(replica, terms, service, observed_s) if observed_s > 0 else None
+        if self.observations > self.replica_warmup:
+            if not queued:
+                share, rest = self._offset(terms, observed_s, 1.0)
+                self._update_replica("alone", replica, share, rest)
+            self._add_to_run(replica, terms, observed_s, queued)
+        return r
+
+    def _offset(self, terms: Terms, observed_s: float, count: float) -> tuple[float, float]:
+        """(load's share, clipped log offset) of ``observed_s`` from the fleet's prediction
+        of ``count`` such requests (no deviation: this is what deviations are made of)."""
+        t = self.term_scale
+        load = t[3] * terms[3]
+        fleet = load + t[0] * terms[0] + t[1] * terms[1] + t[2] * terms[2]
+        bound = math.log(self.clip)
+        return load / fleet, max(-bound, min(bound, math.log(observed_s / (count * fleet))))
+
+    def _update_fleet(self, replica: str, terms: Terms, service: float,
+                      observed_s: float) -> float:
         r = math.log(observed_s / service)
         self.observations += 1
         self.count[replica] = self.count.get(replica, 0) + 1
@@ -108,14 +184,29 @@ class Calibration:
         r = max(-bound, min(bound, r))
         self.abs_error += self.alpha * (abs(r) - self.abs_error)
         self._update_terms(replica, terms, service, math.exp(r))
-        # The replica's deviation learns what the fleet's factors still leave unexplained:
-        # with one replica (or while the fleet is being learnt) that is little, so a
-        # replica's factor does not absorb an error of the prior's terms.
-        if self.observations > self.replica_warmup:
-            load, prefill = self.predict(replica, terms)
-            rest = max(-bound, min(bound, math.log(observed_s / (load + prefill))))
-            self._update_replica(replica, load / (load + prefill), rest)
         return r
+
+    def _add_to_run(self, replica: str, terms: Terms, observed_s: float, queued: bool) -> None:
+        """Sum a FIFO run's observed and predicted (fleet, no deviation) times: within a run
+        the split of time between requests is the engine's scheduler's, its total is not."""
+        if not queued:
+            self._close_run(replica)
+        t = self.term_scale  # the fleet's prediction, without this replica's deviation
+        load = t[3] * terms[3]
+        fleet = load + t[0] * terms[0] + t[1] * terms[1] + t[2] * terms[2]
+        run = self._runs.setdefault(replica, [0.0] * 4)  # count, observed, load, fleet
+        for k, v in enumerate((1.0, observed_s, load, fleet)):
+            run[k] += v
+        if run[0] >= self.run_max:
+            self._close_run(replica)
+
+    def _close_run(self, replica: str) -> None:
+        run = self._runs.pop(replica, None)
+        if run is None or run[1] <= 0 or run[3] <= 0:
+            return
+        bound = math.log(self.clip)
+        rest = max(-bound, min(bound, math.log(run[1] / run[3])))
+        self._update_replica("runs", replica, run[2] / run[3], rest)
 
     def _update_terms(self, replica: str, terms: Terms, service: float, ratio: float) -> None:
         if not self._cov:  # after warm-up: one scale known, each term's share free
@@ -132,17 +223,52 @@ class Calibration:
             self.term_scale[i] = max(low, min(high, self.term_scale[i]))
             self._cov[i][i] = min(self._cov[i][i], 4.0 * self._base ** 2)
 
-    def _update_replica(self, replica: str, share_load: float, r: float) -> None:
-        step = self.alpha / 2
+    def _update_replica(self, kind: str, replica: str, share_load: float, r: float) -> None:
+        evidence = self._evidence[kind]
+        evidence.setdefault(replica, ([0.0] * 3, [0.0] * 3))
+        # Evidence ages with the fleet's samples, not the replica's own: a replica that
+        # gets little traffic must not keep an old verdict for good (it was learnt in a
+        # moment of contention, and is why it gets little traffic); its evidence fades,
+        # its deviation shrinks back towards 1, and it gets the traffic to be re-measured.
+        k = self.replica_forget ** (1.0 / len(evidence))
+        for rid, parts in evidence.items():
+            for part, share in zip(parts, (1.0 - share_load, share_load), strict=True):
+                new = share if rid == replica else 0.0
+                part[0] = k * part[0] + new
+                part[1] = k * part[1] + new * r
+                part[2] = k * part[2] + new * r * r
+        # Like for like: unqueued requests while every replica has enough of them (no
+        # batching in them), else runs (a busy fleet, where nothing is served alone).
+        alone, runs = self._evidence["alone"], self._evidence["runs"]
+        enough = all(rid in alone and alone[rid][0][0] + alone[rid][1][0] >= self.alone_min
+                     for rid in (runs.keys() | alone.keys()))
+        self._deviations(alone if enough else runs)
+
+    def _deviations(self, evidence: dict[str, tuple[list[float], list[float]]]) -> None:
         bound = math.log(self.max_deviation)
-        for table, share in ((self.log_prefill, 1.0 - share_load), (self.log_load, share_load)):
-            value = table.get(replica, 0.0) + step * share * r
-            table[replica] = max(-bound, min(bound, value))
-            # Deviations are relative to the fleet: centred, so what all replicas share
-            # stays the fleet factors' to learn (one replica alone has no deviation).
-            mean = sum(table.values()) / len(table)
-            for rid in table:
-                table[rid] -= mean
+        prior_var = (bound / 2) ** 2
+        for index, table in enumerate((self.log_prefill, self.log_load)):
+            parts = {rid: sums[index] for rid, sums in evidence.items()}
+            weight = sum(p[0] for p in parts.values())
+            if weight <= 0:
+                continue
+            # What all replicas share (a fleet factor still settling) is the fleet's:
+            # each replica's offset from the pooled mean, shrunk, then centred.
+            common = sum(p[1] for p in parts.values()) / weight
+            shrunk = {rid: self._shrunk(p, common, prior_var) for rid, p in parts.items()}
+            mean = sum(shrunk.values()) / len(shrunk)
+            for rid, value in shrunk.items():
+                table[rid] = max(-bound, min(bound, value - mean))
+
+    def _shrunk(self, part: list[float], common: float, prior_var: float) -> float:
+        """Posterior mean of a replica's log offset from ``common`` under a prior
+        N(0, prior_var): few or inconsistent samples say ~0, many consistent ones their mean."""
+        n, total, squares = part
+        if n <= 0:
+            return 0.0
+        mean = total / n
+        var = max(self.min_var, squares / n - mean * mean)
+        return (mean - common) * n / (n + var / prior_var)
 
     def as_json(self) -> dict[str, object]:
         return {"fleet_scale": self.fleet_scale(), "observations": self.observations,

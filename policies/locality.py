@@ -35,6 +35,14 @@ locality is what is known for sure) plus ``stay_margin_s`` — a session never m
 and with no pool (or an evicted one) moving means a full recompute, so sessions stay put
 as under ``fixed``.
 
+Ties: replicas whose scores are within ``tie_margin`` (relative) of the best are not told
+apart by a model made of estimates (deviations of identical replicas differ by 10-20 %
+from noise alone); among them the one with the fewest of our requests queued wins, then
+the session's rendezvous order. Without it, two equally good replicas are decided by
+whichever the calibration believes a few percent faster, every time, and at low load
+nearly every request is such a tie (``tests/policies/test_locality.py``; on the vLLM CPU
+pair the rule made no measurable difference to the split, docs/locality.md).
+
 Wait (FIFO, one prefill at a time per replica, as vLLM schedules long prefills): the
 requests this policy dispatched to ``r`` and whose first token has not arrived form a
 queue; walking it from ``r``'s last first token, each starts at ``max(previous end, its
@@ -50,9 +58,10 @@ gone or failed this request).
 
 Calibration (``policies.calibration``): each first token gives an observed service time,
 ``first token - max(its dispatch, r's previous first token)`` (FIFO), which updates the
-fleet's factor on each term of the cost model and each replica's bounded deviation, so the
-prior (the study fit) adapts to the hardware, a prior wrong in one term, or an emulator's
-time scale. ``choose`` is pure: time comes from
+fleet's factor on each term of the cost model and each replica's bounded deviation (from
+requests served alone, or from a run of queued requests as one total: an engine that
+batches prefills answers those together), so the prior (the study fit) adapts to the hardware, a
+prior wrong in one term, or an emulator's time scale. ``choose`` is pure: time comes from
 ``RequestView.now``.
 """
 
@@ -76,7 +85,8 @@ class LocalityConfig:
     ``work_weight``: seconds of score per second of extra work a placement causes;
     ``load_aware_work``: multiply it by 1 + the requests queued per replica;
     ``stay_margin``: relative advantage another replica needs to take a session away;
-    ``stay_margin_s``: the same in absolute seconds (added); ``distrust``: the relative
+    ``stay_margin_s``: the same in absolute seconds (added); ``tie_margin``: scores
+    within it (relative) of the best are ties, broken by balance; ``distrust``: the relative
     margin grows by this times the calibrated model's own error; ``calibrate``: learn online;
     ``alpha``/``warmup``/``clip``: see ``Calibration``."""
 
@@ -85,6 +95,7 @@ class LocalityConfig:
     load_aware_work: bool = True
     stay_margin: float = 0.15
     stay_margin_s: float = 0.0
+    tie_margin: float = 0.1
     distrust: float = 1.0
     calibrate: bool = True
     alpha: float = 0.2
@@ -182,6 +193,7 @@ class Locality(BasePolicy):
         self.calibration = Calibration(alpha=c.alpha, warmup=c.warmup, clip=c.clip)
         self._queues: dict[str, _Queue] = {}
         self._chosen: dict[str, Estimate] = {}
+        self._behind: set[str] = set()  # dispatched while others of ours were still pending
         self._service_mean: dict[str, float] = {}
         self._sessions = _SessionLog()
 
@@ -224,15 +236,25 @@ class Locality(BasePolicy):
             queued = e.wait_s / mean_service if mean_service > 0 else 0.0
             return e.ttft_s + w * (service - least_work) + w * queued * service
 
-        best = min(candidates, key=lambda r: score(r.id))
+        scores = {r.id: score(r.id) for r in candidates}
+        low = min(scores.values())
+        # Scores within tie_margin of the best are not told apart by a model made of
+        # estimates: among them the fewest of our requests queued, then the session's
+        # rendezvous order (``min`` is stable), never one replica's systematic edge.
+        tied = [r for r in candidates if scores[r.id] <= low * (1 + self.config.tie_margin)]
+        best = min(tied, key=lambda r: self._pending(r.id))
         stay = self._sessions.replica(request.session) or request.last_replica
         if stay in estimates:
-            kept = score(stay)
+            kept = scores[stay]
             margin = self.config.stay_margin + self.config.distrust * self.calibration.error()
-            if kept - score(best.id) <= margin * kept + self.config.stay_margin_s:
+            if kept - scores[best.id] <= margin * kept + self.config.stay_margin_s:
                 return Decision(stay, "sticky", estimates[stay].ttft_s)
         chosen = estimates[best.id]
         return Decision(best.id, self._reason(request, chosen, estimates), chosen.ttft_s)
+
+    def _pending(self, replica: str) -> int:
+        queue = self._queues.get(replica)
+        return len(queue.pending) if queue is not None else 0
 
     def _mean_service(self) -> float:
         """Mean observed service time over replicas (0: unknown, or the charge is off)."""
@@ -258,6 +280,8 @@ class Locality(BasePolicy):
     def dispatched(self, request: RequestView, decision: Decision) -> None:
         est = self.estimate(request, ReplicaView(id=decision.replica, url=""))
         queue = self._queues.setdefault(decision.replica, _Queue())
+        if queue.pending:
+            self._behind.add(request.request_id)
         queue.push(request.request_id, request.now, est.load_s + est.prefill_s)
         self._chosen[request.request_id] = est
         self._sessions.sent(request.session, decision.replica, request.prompt_tokens,
@@ -268,6 +292,8 @@ class Locality(BasePolicy):
         if outcome.phase == "done" or not outcome.ok:
             self._sessions.finished(outcome.request.session, rid)
         est = self._chosen.pop(rid, None)
+        behind = rid in self._behind
+        self._behind.discard(rid)
         if est is None:
             return  # already observed at its first token
         queue = self._queues[outcome.decision.replica]
@@ -280,14 +306,19 @@ class Locality(BasePolicy):
         started = max(sent, queue.last_first_token)
         queue.last_first_token = max(queue.last_first_token, at)
         service = at - started
-        if service <= 0:
+        queued = behind or started > sent
+        if service > 0:
+            prev = self._service_mean.get(est.replica)
+            self._service_mean[est.replica] = (service if prev is None
+                                               else 0.8 * prev + 0.2 * service)
+        elif not queued:
             return
-        prev = self._service_mean.get(est.replica)
-        self._service_mean[est.replica] = service if prev is None else 0.8 * prev + 0.2 * service
         if self.config.calibrate:
             terms = self.config.prior.terms(est.gpu_tokens + est.pool_tokens, est.new_tokens,
                                             est.pool_tokens)
-            self.calibration.update(est.replica, terms, service)
+            # A queued request's own time is the engine's scheduler's to split (batched
+            # prefills answer together); calibration counts its run's total instead.
+            self.calibration.update(est.replica, terms, max(0.0, service), queued=queued)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -83,3 +83,64 @@ def test_describes_itself() -> None:
     doc = cal.as_json()
     assert set(doc["term_scale"]) == {"fixed", "linear", "attention", "load"}  # type: ignore[arg-type]
     assert doc["observations"] == 1 and "a" in doc["replicas"]  # type: ignore[operator]
+
+
+def _deviations(cal: Calibration) -> tuple[float, float]:
+    return math.exp(cal.log_prefill["a"]), math.exp(cal.log_prefill["b"])
+
+
+def test_identical_replicas_that_batch_and_contend_do_not_split() -> None:
+    """Two identical engines on a shared, busy CPU (service noisy by ~2x either way) that
+    batch prefills. A request sent to an idle replica a is served alone; the 0-3 sent
+    behind it are answered together in the next step, which takes less than their sum
+    (one step's overhead for several: 0.6x): the first of them "takes" the step, the
+    rest a few milliseconds. b is mostly idle. Per-request residuals made a look 4x
+    faster and drove both deviations to their bounds (the real vLLM pair)."""
+    rng = random.Random(5)
+    cal = Calibration()
+    for _ in range(400):
+        terms = STUDY_PRIOR.terms(1280, rng.randrange(600, 700), 0)
+        work = truth(terms, (1, 1, 1, 1))
+        cal.update("a", terms, work * rng.lognormvariate(0, 0.7))  # alone
+        behind = rng.choice((0, 1, 2, 3))
+        for i in range(behind):  # one batched step for all of them
+            step = 0.6 * behind * work * rng.lognormvariate(0, 0.7)
+            cal.update("a", terms, step if i == 0 else 0.001 * work, queued=True)
+        cal.update("b", terms, work * rng.lognormvariate(0, 0.7))
+    for deviation in _deviations(cal):
+        assert 0.8 < deviation < 1.25  # the bounds are 0.5 and 2
+
+
+def test_a_truly_slower_replica_is_still_learnt() -> None:
+    """b is a card 2x slower, served FIFO one request at a time (queued requests' times
+    are their own): learnt from runs of queued requests and under noise alike."""
+    rng = random.Random(6)
+    for noise in (0.05, 0.3):
+        cal = Calibration()
+        for _ in range(300):
+            for replica, slowdown in (("a", 1.0), ("b", 2.0)):
+                queued = rng.random() < 0.7  # mostly busy: runs of queued requests
+                terms = STUDY_PRIOR.terms(0, rng.randrange(2_000, 16_000), 0)
+                observed = slowdown * truth(terms, (1, 1, 1, 1)) * rng.lognormvariate(0, noise)
+                cal.update(replica, terms, observed, queued=queued)
+        a, b = _deviations(cal)
+        assert b / a == pytest.approx(2.0, rel=0.12)
+
+
+def test_a_verdict_learnt_in_a_moment_of_contention_fades() -> None:
+    """b was 3x slower for its first requests (the benchmark client starting on its core),
+    then as fast as a. Starved by that verdict it gets one request in ten: its old
+    evidence must age with the fleet's samples, not only with its own, or it stays
+    "slow" (and starved) long after the contention ended."""
+    rng = random.Random(7)
+    cal = Calibration()
+    terms = STUDY_PRIOR.terms(0, 8_000, 0)
+    work = truth(terms, (1, 1, 1, 1))
+    for _ in range(40):  # warm-up and the contended start
+        cal.update("a", terms, work * rng.lognormvariate(0, 0.1))
+        cal.update("b", terms, 3 * work * rng.lognormvariate(0, 0.1))
+    assert math.exp(cal.log_prefill["b"]) > 1.6
+    for i in range(300):  # contention over; b gets a tenth of the traffic
+        cal.update("b" if i % 10 == 0 else "a", terms, work * rng.lognormvariate(0, 0.1))
+    a, b = _deviations(cal)
+    assert b / a == pytest.approx(1.0, abs=0.1)

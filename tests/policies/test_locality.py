@@ -187,3 +187,25 @@ def test_a_model_that_predicts_badly_moves_sessions_only_for_large_gains() -> No
             req("x", 8192 + 300, gpu={"a": 32}, pool=32, last="a", now=now + 0.1),
             reps("a", "b")).replica
     assert decisions == {0.0: "b", 1.0: "a"}
+
+
+def test_equally_good_replicas_share_the_traffic() -> None:
+    """Both replicas idle and holding the prefix; the calibration believes a 4 % faster
+    (noise, on identical engines). New sessions must not all go to a, and a request
+    goes where fewer of ours are queued when the scores tie."""
+    policy = Locality()
+    policy.calibration.log_prefill.update(a=-0.02, b=0.02)
+    blocks = 1536 // BT
+    chosen = [policy.choose(req(str(i), 1600, gpu={"a": blocks, "b": blocks},
+                                session=f"s{i}"), reps("a", "b")).replica
+              for i in range(200)]
+    assert 70 < chosen.count("a") < 130  # rendezvous order: about half each
+    policy.dispatched(req("q", 1600, session="q"), Decision("a", "gpu-hit"))
+    assert all(policy.choose(req(str(i), 1600, gpu={"a": blocks, "b": blocks},
+                                 session=f"t{i}"), reps("a", "b")).replica == "b"
+               for i in range(20))  # a has one queued: a tie no more, or broken by queue
+    strict = Locality(LocalityConfig(tie_margin=0.0))
+    strict.calibration.log_prefill.update(a=-0.02, b=0.02)
+    assert all(strict.choose(req(str(i), 1600, gpu={"a": blocks, "b": blocks},
+                                 session=f"s{i}"), reps("a", "b")).replica == "a"
+               for i in range(50))  # what it did: every tie to the "faster" one
