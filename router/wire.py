@@ -3,8 +3,10 @@
 Why not aiohttp on the replica hop: on a streamed reply aiohttp spent more Python per
 upstream read than the rest of the router (its protocol, ``StreamReader``, a timeout
 rescheduled on every read, request building); docs/benchmarks.md has the profiles. Here a
-read costs one ``httptools`` parse (C), one append and, when the relay waits, one future
-completed. ``router.wire_pool`` keeps these connections and writes the requests.
+read costs one ``httptools`` parse (C) and one hand-over of its body bytes as one piece
+(the parser gives one piece per HTTP chunk, i.e. per SSE event; a read holding a burst of
+events goes to the client as one send, and no event waits for a later read).
+``router.wire_pool`` keeps these connections and writes the requests.
 
 - ``Conn`` (an ``asyncio.Protocol``) carries one request at a time. When a reply ends
   (its bytes are then all in its ``WireResponse``) the connection goes back to the pool at
@@ -209,6 +211,9 @@ class Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        # Body pieces parsed from the current read: a chunked reply gives one per HTTP
+        # chunk (one per SSE event), and a read that holds several goes on as one piece.
+        self._body: list[bytes] = []
 
     # -- asyncio.Protocol ----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -224,6 +229,8 @@ class Conn(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(f"malformed reply: {exc}")
+        else:
+            self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -256,8 +263,14 @@ class Conn(asyncio.Protocol):
             self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        assert self.resp is not None
-        self.resp._feed(body)
+        self._body.append(body)
+
+    def _flush(self) -> None:
+        """Hand this read's body bytes to the reply, as one piece."""
+        parts = self._body
+        if parts and self.resp is not None:
+            self._body = []
+            self.resp._feed(parts[0] if len(parts) == 1 else b"".join(parts))
 
     def on_message_complete(self) -> None:
         if self.resp is not None and not self.resp.status:
@@ -289,6 +302,7 @@ class Conn(asyncio.Protocol):
             self._arm(timeout_s - quiet, timeout_s)
 
     def _done_reply(self, *, keep: bool) -> None:
+        self._flush()
         resp, self.resp = self.resp, None
         if self._timer is not None:
             self._timer.cancel()
@@ -302,6 +316,7 @@ class Conn(asyncio.Protocol):
             self.close()
 
     def _fail(self, error: str) -> None:
+        self._flush()  # what arrived intact goes first
         resp, self.resp = self.resp, None
         if self._timer is not None:
             self._timer.cancel()
