@@ -13,8 +13,9 @@ uploads, HEAD) through aiohttp.
 - **Idle close**: the router closes an idle connection after ``keepalive_s``, below the
   replica's own idle timeout, so the replica never closes one under a request being
   written (``router.upstream``'s docstring). One sweep timer runs while any connection is
-  idle, every ``keepalive_s / 4``, so a connection lives idle at most 1.25 x
-  ``keepalive_s``; ``acquire`` skips any idle longer than ``keepalive_s``.
+  idle, set for when the oldest idle connection turns ``keepalive_s`` old, so none lives
+  idle much longer (a timer's lateness: milliseconds); ``acquire`` also skips any idle
+  for ``keepalive_s`` or more, so none is ever used past it.
 - **Requests** are written in one ``write``: the request line and ``host`` (built once per
   method and URL), the caller's headers, ``content-length``, the body.
 """
@@ -126,9 +127,9 @@ class WirePool:
             return
         idle.append(conn)
         self._wake_one()
-        if not self._sweeping:
+        if not self._sweeping:  # else the timer is set for an older connection's expiry
             self._sweeping = True
-            self.loop.call_later(self.keepalive_s / 4, self._sweep)
+            self.loop.call_later(self.keepalive_s, self._sweep)
 
     def forget(self, conn: Conn) -> None:
         """A connection closed: it no longer counts toward ``limit``."""
@@ -154,19 +155,22 @@ class WirePool:
     def _sweep(self) -> None:
         """Close connections idle for ``keepalive_s``; run again while any are idle."""
         cutoff = self.loop.time() - self.keepalive_s
+        oldest = None
         for key, idle in list(self.idle.items()):
             keep = []
             for conn in idle:
                 if not conn.closed and conn.idle_since > cutoff:
                     keep.append(conn)
+                    if oldest is None or conn.idle_since < oldest:
+                        oldest = conn.idle_since
                 else:
                     conn.close()
             if keep:
                 self.idle[key] = keep
             else:
                 del self.idle[key]
-        if self.idle:
-            self.loop.call_later(self.keepalive_s / 4, self._sweep)
+        if oldest is not None:
+            self.loop.call_at(oldest + self.keepalive_s, self._sweep)
         else:
             self._sweeping = False
 
