@@ -61,12 +61,8 @@ class Forward:
         if self.busy:
             self.pending.append(data)
             return
-        if self.first:
-            self.first = False
-            self.first_byte()
         # ASGI servers' send is a coroutine function (uvicorn's, and every middleware's).
-        coro = cast(Coroutine[Any, Any, None],
-                    self.send({"type": "http.response.body", "body": data, "more_body": True}))
+        coro = cast(Coroutine[Any, Any, None], self.send(self._message(data)))
         try:
             blocker = coro.send(None)
         except StopIteration:
@@ -120,10 +116,14 @@ class Forward:
             self.resp.resume_reading()
 
     async def _send(self, data: bytes) -> None:
+        await self.send(self._message(data))
+
+    def _message(self, data: bytes) -> dict[str, Any]:
+        """The ASGI body message for ``data``; the first one also marks the first byte."""
         if self.first:
             self.first = False
             self.first_byte()
-        await self.send({"type": "http.response.body", "body": data, "more_body": True})
+        return {"type": "http.response.body", "body": data, "more_body": True}
 
     def _settle(self, outcome: str | BaseException | None) -> None:
         done = self.done

@@ -48,7 +48,6 @@ class WireResponse:
     """A replica's reply on a ``Conn``: status and headers, then its body as it arrives."""
 
     __slots__ = (
-        "_chunked",
         "_chunks",
         "_conn",
         "_done",
@@ -72,7 +71,6 @@ class WireResponse:
         self._done = False
         self._error: str | None = None
         self._length = False  # the reply declared its length (content-length or chunked)
-        self._chunked = False
         self._whole = False  # read() wants the whole body: no pause for flow control
         self._sink: Forward | None = None  # router.forward: reads go straight to the client
 
@@ -95,14 +93,12 @@ class WireResponse:
     async def read(self) -> bytes:
         """The whole body (the connection is closed if reading it is cancelled)."""
         self._whole = True
-        if self._conn is not None:
-            self._conn.resume()
+        self.resume_reading()
         try:
             while not self._done:
                 if self._error is not None:
                     raise UpstreamStreamBroken(f"replica reply broke: {self._error}")
-                self._waiter = asyncio.get_running_loop().create_future()
-                await self._waiter
+                await self._next()
         finally:
             if not self._done:
                 self.abort()
@@ -112,23 +108,25 @@ class WireResponse:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Yield body bytes as the replica sends them (no buffering, no re-framing)."""
-        chunks = self._chunks
         try:
             while True:
-                if chunks:
-                    chunk = chunks.popleft()
-                    self._took(len(chunk))
+                chunk = self.take()
+                if chunk is not None:
                     yield chunk
                 elif self._done:
                     return
                 elif self._error is not None:
                     raise UpstreamStreamBroken(f"replica stream broke: {self._error}")
                 else:
-                    self._waiter = asyncio.get_running_loop().create_future()
-                    await self._waiter
+                    await self._next()
         finally:
             if not self._done:
                 self.abort()
+
+    async def _next(self) -> None:
+        """Wait for the connection's next hand-over (bytes, the end, or an error)."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        await self._waiter
 
     def abort(self) -> None:
         """Close the connection unless the reply was read to its end."""
@@ -245,10 +243,8 @@ class Conn(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.resp is not None
         name = name.lower()
-        if name == b"content-length":
+        if name in (b"content-length", b"transfer-encoding"):
             self.resp._length = True
-        elif name == b"transfer-encoding":
-            self.resp._length = self.resp._chunked = True
         self.resp.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -297,16 +293,21 @@ class Conn(asyncio.Protocol):
         quiet = self.pool.loop.time() - self.last_read
         if quiet >= timeout_s:
             self._fail(f"no bytes from the replica for {timeout_s:g} s")
-            self.close()
         else:
             self._arm(timeout_s - quiet, timeout_s)
 
-    def _done_reply(self, *, keep: bool) -> None:
-        self._flush()
+    def _take_reply(self) -> WireResponse | None:
+        """End the current request's part of this connection: hand over what this read
+        brought, stop its timer, and return its reply."""
+        self._flush()  # what arrived intact goes first
         resp, self.resp = self.resp, None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        return resp
+
+    def _done_reply(self, *, keep: bool) -> None:
+        resp = self._take_reply()
         if resp is not None:
             resp._conn = None
             resp._end(None)
@@ -316,11 +317,7 @@ class Conn(asyncio.Protocol):
             self.close()
 
     def _fail(self, error: str) -> None:
-        self._flush()  # what arrived intact goes first
-        resp, self.resp = self.resp, None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        resp = self._take_reply()
         head = self.head
         if head is not None and not head.done():
             head.set_exception(UpstreamConnectError(error))

@@ -121,11 +121,7 @@ class WirePool:
     def release(self, conn: Conn) -> None:
         """A reply ended and the connection may carry another request."""
         conn.idle_since = self.loop.time()
-        idle = self.idle.setdefault(conn.key, [])
-        if len(idle) >= self.limit:
-            conn.close()
-            return
-        idle.append(conn)
+        self.idle.setdefault(conn.key, []).append(conn)
         self._wake_one()
         if not self._sweeping:  # else the timer is set for an older connection's expiry
             self._sweeping = True
