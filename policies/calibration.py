@@ -121,7 +121,6 @@ class Calibration:
     log_load: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
     abs_error: float = 0.0
-    # replica -> per part (prefill, load): decayed [weight, sum, sum of squares] of residuals
     # "alone" (unqueued requests) and "runs" -> replica -> per part (prefill, load):
     # decayed [weight, sum, sum of squares] of log offsets from the fleet's prediction
     _evidence: dict[str, dict[str, tuple[list[float], list[float]]]] = field(
@@ -165,11 +164,15 @@ class Calibration:
     def _offset(self, terms: Terms, observed_s: float, count: float) -> tuple[float, float]:
         """(load's share, clipped log offset) of ``observed_s`` from the fleet's prediction
         of ``count`` such requests (no deviation: this is what deviations are made of)."""
-        t = self.term_scale
-        load = t[3] * terms[3]
-        fleet = load + t[0] * terms[0] + t[1] * terms[1] + t[2] * terms[2]
+        load, fleet = self._fleet(terms)
         bound = math.log(self.clip)
         return load / fleet, max(-bound, min(bound, math.log(observed_s / (count * fleet))))
+
+    def _fleet(self, terms: Terms) -> tuple[float, float]:
+        """(load part, total) of the fleet's prediction: no replica's deviation in it."""
+        t = self.term_scale
+        load = t[3] * terms[3]
+        return load, load + t[0] * terms[0] + t[1] * terms[1] + t[2] * terms[2]
 
     def _update_fleet(self, replica: str, terms: Terms, service: float,
                       observed_s: float) -> float:
@@ -191,9 +194,7 @@ class Calibration:
         the split of time between requests is the engine's scheduler's, its total is not."""
         if not queued:
             self._close_run(replica)
-        t = self.term_scale  # the fleet's prediction, without this replica's deviation
-        load = t[3] * terms[3]
-        fleet = load + t[0] * terms[0] + t[1] * terms[1] + t[2] * terms[2]
+        load, fleet = self._fleet(terms)
         run = self._runs.setdefault(replica, [0.0] * 4)  # count, observed, load, fleet
         for k, v in enumerate((1.0, observed_s, load, fleet)):
             run[k] += v
