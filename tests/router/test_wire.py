@@ -5,6 +5,7 @@ that answer the way broken or unusual servers do (what no well-behaved server sh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -22,6 +23,19 @@ async def _serve(handler: Handler) -> tuple[asyncio.Server, str]:
     server = await asyncio.start_server(handler, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     return server, f"http://127.0.0.1:{port}"
+
+
+@contextlib.asynccontextmanager
+async def _against(handler: Handler, read_timeout_s: float = 5,
+                   keepalive_s: float = 4) -> AsyncIterator[tuple[WirePool, str]]:
+    """A pool of our own and the URL of a raw server answering with ``handler``."""
+    server, url = await _serve(handler)
+    pool = WirePool(1, read_timeout_s, keepalive_s)
+    try:
+        yield pool, url
+    finally:
+        pool.close()
+        server.close()
 
 
 async def _head(reader: asyncio.StreamReader) -> bytes:
@@ -59,16 +73,11 @@ async def test_close_delimited_body_and_connection_close_are_honoured() -> None:
         writer.write(b"part two")
         writer.close()
 
-    server, url = await _serve(handler)
-    pool = WirePool(1, 5, 4)
-    try:
+    async with _against(handler) as (pool, url):
         for _ in range(2):  # the first connection is closed, not reused: a second one opens
             resp = await pool.send("GET", url + "/x", [], None)
             assert await resp.read() == b"part one, part two"
         assert not pool.idle
-    finally:
-        pool.close()
-        server.close()
 
 
 async def test_interim_replies_are_skipped() -> None:
@@ -79,16 +88,11 @@ async def test_interim_replies_are_skipped() -> None:
         writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n"
                      b"HTTP/1.1 201 Created\r\ncontent-length: 4\r\nx-real: 1\r\n\r\ndone")
 
-    server, url = await _serve(early)
-    pool = WirePool(1, 5, 4)
-    try:
+    async with _against(early) as (pool, url):
         resp = await pool.send("POST", url + "/", [("expect", "100-continue")], b"{}")
         assert resp.status == 201 and resp.raw_headers == [(b"content-length", b"4"),
                                                            (b"x-real", b"1")]
         assert await resp.read() == b"done"
-    finally:
-        pool.close()
-        server.close()
 
 
 async def test_refused_and_malformed_replies_are_connect_errors() -> None:
@@ -118,18 +122,13 @@ async def test_a_body_cut_short_breaks_the_stream() -> None:
         await writer.drain()
         writer.transport.abort()  # no terminating chunk
 
-    server, url = await _serve(cut)
-    pool = WirePool(1, 5, 4)
-    try:
+    async with _against(cut) as (pool, url):
         resp = await pool.send("POST", url + "/", [], b"{}")
         got = []
         with pytest.raises(UpstreamStreamBroken):
             async for chunk in resp.chunks():
                 got.append(chunk)
         assert got == [b"data: one....\n\n"]
-    finally:
-        pool.close()
-        server.close()
 
 
 async def test_read_timeout_counts_between_reads_not_from_the_start() -> None:
@@ -143,18 +142,13 @@ async def test_read_timeout_counts_between_reads_not_from_the_start() -> None:
         await asyncio.sleep(1.0)  # now a silence longer than the timeout
         writer.write(b"0\r\n\r\n")
 
-    server, url = await _serve(slow)
-    pool = WirePool(1, 0.5, 4)
-    try:
+    async with _against(slow, read_timeout_s=0.5) as (pool, url):
         resp = await pool.send("GET", url + "/", [], None)
         got = []
         with pytest.raises(UpstreamStreamBroken, match="no bytes"):
             async for chunk in resp.chunks():
                 got.append(chunk)
         assert b"".join(got) == b"xxxx"
-    finally:
-        pool.close()
-        server.close()
 
 
 async def test_the_limit_makes_room_by_closing_an_idle_connection() -> None:
@@ -198,18 +192,13 @@ async def test_idle_connections_are_closed_by_the_router_after_keepalive() -> No
         await reader.read()  # EOF: the client closed
         closed.set()
 
-    server, url = await _serve(ok)
-    pool = WirePool(1, 5, keepalive_s=0.4)
-    try:
+    async with _against(ok, keepalive_s=0.4) as (pool, url):
         await (await pool.send("GET", url + "/", [], None)).read()
         assert len(pool.open) == 1
         t0 = asyncio.get_running_loop().time()
         await asyncio.wait_for(closed.wait(), 2)
         assert asyncio.get_running_loop().time() - t0 > 0.35  # not before keepalive_s
         assert not pool.open and not pool.idle
-    finally:
-        pool.close()
-        server.close()
 
 
 async def test_a_slow_consumer_pauses_the_replica_socket() -> None:
@@ -226,9 +215,7 @@ async def test_a_slow_consumer_pauses_the_replica_socket() -> None:
             sent += len(piece)
         writer.write(b"0\r\n\r\n")
 
-    server, url = await _serve(firehose)
-    pool = WirePool(1, 5, 4)
-    try:
+    async with _against(firehose) as (pool, url):
         resp = await pool.send("GET", url + "/", [], None)
         chunks = resp.chunks()
         await chunks.__anext__()
@@ -236,9 +223,6 @@ async def test_a_slow_consumer_pauses_the_replica_socket() -> None:
         assert sent < 24 * 2**20  # HIGH_WATER plus what the kernel's buffers hold
         rest = await _drain(chunks)
         assert sent == 64 * 2**20 and len(rest) > 0
-    finally:
-        pool.close()
-        server.close()
 
 
 def test_router_relays_through_the_wire_client(start_servers) -> None:
