@@ -44,6 +44,18 @@ class Server:
         self.name = name
         self.repick_port = repick_port
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_start: int | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return LOG_DIR / f"{self.name}-{self.port}.log"
+
+    def log_lines(self) -> list[str]:
+        """What this server wrote. The file is appended to, and an earlier test's server may
+        have had the same port, so only the bytes after this server's first start count."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self._log_start or 0)
+            return f.read().decode(errors="replace").splitlines()
 
     def start(self, timeout_s: float = 30.0) -> Server:
         """Start and wait until ready; a port taken between picking and binding (another
@@ -55,11 +67,14 @@ class Server:
                 new = free_port()
                 self.args = [str(new) if a == str(self.port) else a for a in self.args]
                 self.port, self.url = new, f"http://127.0.0.1:{new}"
+                self._log_start = None  # a new port, a new log file
         return self._start(timeout_s)
 
     def _start(self, timeout_s: float) -> Server:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
-        log = open(LOG_DIR / f"{self.name}-{self.port}.log", "ab")  # noqa: SIM115
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        if self._log_start is None:
+            self._log_start = log.tell()
         env = {**os.environ, **(self.env or {})}
         self.proc = subprocess.Popen([sys.executable, "-m", "router.cli", *self.args],
                                      stdout=log, stderr=subprocess.STDOUT, env=env)

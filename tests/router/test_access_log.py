@@ -7,14 +7,14 @@ import json
 
 import httpx
 import pytest
-from servers import LOG_DIR, Server, replica, router
+from servers import Server, replica, router
 
 CHAT = {"model": "emulated-27b", "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 2}
 
 
 def _lines(server: Server) -> list[str]:
-    return (LOG_DIR / f"router-{server.port}.log").read_text().splitlines()
+    return server.log_lines()
 
 
 def _access(server: Server) -> list[dict[str, object]]:
