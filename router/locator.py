@@ -20,6 +20,10 @@ forwarder:
   are the truth about its GPU, a guess would only add false hits), and with
   ``pool_write_through`` (LMCache's default store-on-prefill) so does the shared pool
   (``served_writes``). Recorded in a background task: the client never waits on it.
+- ``dispatched(request_id, chain, replica)`` / ``settled(request_id)``: the router's own
+  dispatches count as cached on their replica until their reply ends
+  (``router.in_flight``): ``residency`` overlays them on what the index says, so a
+  request sharing a prefix still being computed follows it.
 - ``last_replica(session)``: the replica that last served a session (``SessionMemory``, a
   bounded LRU), which policies use to keep sessions in place (hysteresis).
 
@@ -42,6 +46,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from policies.base import DEFAULT_BLOCK_TOKENS, EMPTY_RESIDENCY, ReplicaId, Residency, Tier
+from router.in_flight import InFlightPrefixes
 from router.index import IndexCapacity, IndexUnavailable, PrefixIndex
 from router.metrics import RouterMetrics
 from router.openai_api import ParsedRequest
@@ -104,6 +109,7 @@ class Locator:
         self.pool_write_through = pool_write_through
         self._clock = clock
         self.sessions = SessionMemory(max_sessions)
+        self.in_flight = InFlightPrefixes()
         self._pending: set[asyncio.Task[None]] = set()
 
     def chain(self, parsed: ParsedRequest) -> list[BlockKey]:
@@ -122,8 +128,9 @@ class Locator:
         return token_chain(ids, root, self.block_tokens)
 
     async def residency(self, chain: list[BlockKey], *, trusted: bool = False) -> Residency:
-        """Where ``chain`` lives; the pool tier reads as empty while ``pool_trusted`` is
-        false (``router.canary``) unless ``trusted`` (the canary's own look)."""
+        """Where ``chain`` lives (the index, with this router's unsettled dispatches laid
+        over it); the pool tier reads as empty while ``pool_trusted`` is false
+        (``router.canary``) unless ``trusted`` (the canary's own look)."""
         if not chain:
             return EMPTY_RESIDENCY
         t0 = self._clock()
@@ -131,12 +138,18 @@ class Locator:
             found = await self.index.lookup(chain)
         except IndexUnavailable:
             self.metrics.index_error("lookup")
-            return EMPTY_RESIDENCY
+            return self.in_flight.overlay(EMPTY_RESIDENCY, chain)
         tier = Tier.GPU if found.gpu else Tier.POOL if found.pool else Tier.MISS
         self.metrics.index_lookup(self._clock() - t0, tier.value)
         if found.pool and not (self.pool_trusted or trusted):
-            return dataclasses.replace(found, pool=0)
-        return found
+            found = dataclasses.replace(found, pool=0)
+        return self.in_flight.overlay(found, chain)
+
+    def dispatched(self, request_id: str, chain: list[BlockKey], replica: ReplicaId) -> None:
+        self.in_flight.add(request_id, replica, chain)
+
+    def settled(self, request_id: str) -> None:
+        self.in_flight.settle(request_id)
 
     def last_replica(self, session: str) -> ReplicaId | None:
         return self.sessions.last(session)
@@ -157,6 +170,7 @@ class Locator:
         """An ejected replica is assumed restarted when it comes back: its GPU cache is
         gone, so what the index believes about it is dropped (in the background)."""
         if not healthy:
+            self.in_flight.forget(replica)
             self._background(self.forget(replica))
 
     async def _record(self, chain: list[BlockKey], replica: ReplicaId) -> None:

@@ -243,6 +243,7 @@ class Proxy:
             self.metrics.retry(replica.url, decision.arm)
         self.metrics.decision(policy.name, decision.reason, decision.arm)
         policy.dispatched(view, decision)
+        self.locator.dispatched(view.request_id, chain, replica.id)
         replica.in_flight += 1
         return _Attempt(view, decision, replica, chain, policy)
 
@@ -287,6 +288,7 @@ class Proxy:
         """An attempt that served nothing; ``count``: it counts toward ejecting the replica."""
         attempt.replica.in_flight -= 1
         attempt.open = False
+        self.locator.settled(attempt.view.request_id)
         if count:
             self.replicas.record_failure(attempt.replica, error)
         self.metrics.upstream_error(attempt.replica.url, kind, attempt.decision.arm)
@@ -306,12 +308,14 @@ class Proxy:
                                     total_s=now - t0, at=now))
         if ok:
             self.locator.served(attempt.view.session, attempt.chain, attempt.replica.id)
+        self.locator.settled(attempt.view.request_id)
 
     def _abandoned(self, attempt: _Attempt) -> None:
         """The client left while ``attempt`` was in flight (its upstream request was
         cancelled): the replica's count drops now, and the policy sees a failed outcome."""
         attempt.replica.in_flight -= 1
         attempt.open = False
+        self.locator.settled(attempt.view.request_id)
         self.metrics.request_done(attempt.view.endpoint, attempt.replica.url, CLIENT_CLOSED,
                                   attempt.decision.arm)
         attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=False,

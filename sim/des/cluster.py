@@ -14,6 +14,8 @@ from the models):
   usable from the first token but known only after the last), never learns of evictions
   except by its own LRU bound, keeps believing in a GPU cache an engine restart has
   emptied, and never learns of a prefix another router served (even one in the shared pool).
+  Laid over it, as ``Locator.residency`` does, the router's unsettled dispatches
+  (``router.in_flight.InFlightPrefixes``: added at dispatch, settled at completion).
 - ``ReplicaView.in_flight``: this router's count of requests it has outstanding (other
   routers' requests are invisible to it, except through the engine metrics);
   ``waiting``/``running``/``kv_usage``: the engines' metrics, shared truth read from the
@@ -54,6 +56,7 @@ import random
 from collections.abc import Mapping
 
 from policies.base import ReplicaView, RequestView, Residency
+from router.in_flight import InFlightPrefixes
 from router.index.memory import MemoryIndex
 from router.locator import SessionMemory, capacity_from_bytes, served_writes
 from sim.des.loop import EventLoop
@@ -108,6 +111,7 @@ class SimRouter:
         self.index = index or cluster.new_index()
         self.in_flight = dict.fromkeys(cluster.ids, 0)
         self.sessions = SessionMemory()
+        self.dispatches = InFlightPrefixes()
         self.phase_s = phase_s
         self.scraped_at = -math.inf  # time of the scrape held in ``metrics``
         self.metrics: dict[str, Metrics] = {}
@@ -147,7 +151,7 @@ class SimRouter:
             return Residency(0, self.cluster.profile.chunk_tokens)
         if self.cluster.oracle:
             return self.cluster.true_residency(chain, now)
-        return self.index.lookup_now(chain)
+        return self.dispatches.overlay(self.index.lookup_now(chain), chain)
 
     def request_view(self, request: SimRequest, now: float) -> RequestView:
         return RequestView(
@@ -167,6 +171,7 @@ class SimRouter:
     def complete(self, request: SimRequest, replica: str) -> None:
         """The reply ended: what ``Proxy._finished`` and ``Locator.served`` record."""
         self.in_flight[replica] -= 1
+        self.dispatches.settle(request.request_id)
         self.sessions.remember(request.session, replica)
         if request.chain:
             for tier, holder in served_writes(replica, precise=False,
@@ -251,6 +256,7 @@ class Cluster:
         plan = self.models[replica].admit(ReplicaRequest(
             request.chain, request.prompt_tokens, request.output_tokens, now, request.request_id))
         router.in_flight[replica] += 1
+        router.dispatches.add(request.request_id, replica, request.chain)
         return plan
 
     def complete(self, request: SimRequest, replica: str,

@@ -154,13 +154,17 @@ def test_the_policy_sees_the_index_not_a_restart_it_was_not_told_about() -> None
     assert seer.seen[0].residency.gpu == {}
 
 
-def test_a_prefix_is_unknown_to_the_router_while_its_first_request_runs() -> None:
-    # Two asks of one document arriving together: the second cannot see the first's blocks.
+def test_a_prefix_in_flight_is_known_from_its_dispatch_not_from_the_index() -> None:
+    # Two asks of one document arriving together: the index learns the first's blocks only
+    # when it completes, but the router's own dispatch (router.in_flight) shows them on
+    # their way into r0, as Locator.residency does.
     keys = KeyAlloc()
     spec = prefix_chain(keys, random.Random(0), "d", 512, TINY.chunk_tokens)
     twin = prefix_chain(KeyAlloc(), random.Random(0), "e", 512, TINY.chunk_tokens)
     policy = Recorder()
-    Run(Cluster(TINY, 2, pool_on=True), policy, SessionWorkload([spec, twin], starts=[0.0, 0.001])
-        ).execute()
-    assert all(v.residency.gpu == {} for v in policy.seen[:2])
+    cluster = Cluster(TINY, 2, pool_on=True)
+    Run(cluster, policy, SessionWorkload([spec, twin], starts=[0.0, 0.001])).execute()
+    assert policy.seen[0].residency.gpu == {}
+    assert policy.seen[1].residency.gpu == {"r0": 32} and policy.seen[1].residency.pool == 0
     assert policy.log[2] == "choose e/0 in_flight=1"
+    assert len(cluster.router.dispatches) == 0  # every dispatch settled at its completion

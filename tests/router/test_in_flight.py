@@ -1,0 +1,98 @@
+"""Unsettled dispatches as a residency overlay: the structure, and a live router using it."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import httpx
+from servers import replica, router
+from test_prefix_routing import DOCS, turn
+
+from policies.base import Residency
+from router.in_flight import InFlightPrefixes
+from router.prefix import root_key, token_chain
+
+
+def _chain(tokens: list[int]) -> list[int]:
+    return token_chain(tokens, root_key("m", None, None), 16)
+
+
+def test_longest_is_the_shared_prefix_of_any_unsettled_dispatch() -> None:
+    rng = random.Random(7)
+    doc = [rng.randrange(50_000) for _ in range(16 * 40)]
+    a = _chain(doc + [1] * 16 * 5)  # 45 blocks, 40 shared with b
+    b = _chain(doc + [2] * 16 * 3)
+    other = _chain([rng.randrange(50_000) for _ in range(16 * 10)])
+    flight = InFlightPrefixes()
+    flight.add("x", "r0", a)
+    for n in (1, 2, 39, 40, 41, 44, 45):
+        assert flight.longest(b[:n], "r0") == min(n, 40)
+        assert flight.longest(a[:n], "r0") == n
+    assert flight.longest(b, "r1") == 0 and flight.longest(other, "r0") == 0
+    # Two requests hold the shared blocks: settling one keeps the other's.
+    flight.add("y", "r0", b)
+    flight.settle("x")
+    assert flight.longest(a, "r0") == 40 and flight.longest(b, "r0") == 43
+    flight.settle("y")
+    flight.settle("y")  # twice: nothing left to settle, no error
+    assert flight.longest(b, "r0") == 0 and len(flight) == 0
+
+
+def test_a_retry_moves_the_request_and_an_ejected_replica_holds_nothing() -> None:
+    chain = _chain(list(range(16 * 8)))
+    flight = InFlightPrefixes()
+    flight.add("x", "r0", chain)
+    flight.add("x", "r1", chain)  # the retry: the first attempt was settled by it
+    assert flight.longest(chain, "r0") == 0 and flight.longest(chain, "r1") == 8
+    flight.add("y", "r2", chain)
+    flight.forget("r2")
+    assert flight.longest(chain, "r2") == 0
+    flight.settle("y")  # settled after the replica was forgotten: nothing to undo
+    assert flight.longest(chain, "r1") == 8
+
+
+def test_overlay_raises_gpu_counts_and_never_lowers_them() -> None:
+    chain = _chain(list(range(16 * 10)))
+    flight = InFlightPrefixes()
+    found = Residency(10, 16, {"r0": 10, "r1": 2}, pool=4)
+    assert flight.overlay(found, chain) is found  # nothing in flight: unchanged
+    flight.add("x", "r0", chain[:6])
+    flight.add("y", "r1", chain[:6])
+    flight.add("z", "r2", chain[:3])
+    out = flight.overlay(found, chain)
+    assert out.gpu == {"r0": 10, "r1": 6, "r2": 3} and out.pool == 4
+    assert out.chain_blocks == 10 and out.block_tokens == 16
+    assert found.gpu == {"r0": 10, "r1": 2}  # the index's answer is not modified
+
+
+def _replicas(url: str) -> list[dict[str, int]]:
+    replicas: list[dict[str, int]] = httpx.get(url + "/replicas").json()["replicas"]
+    return replicas
+
+
+def test_a_request_sharing_a_prefix_in_flight_follows_it(start_servers) -> None:
+    """The index learns a prefix only when its reply ends; a second session on the same
+    document arriving meanwhile must still find it where it is being computed, not be
+    placed by load (which, one request being in flight there, is the other replica)."""
+    reps = [start_servers(replica("--ttft", "1.5")), start_servers(replica("--ttft", "1.5"))]
+    lm = start_servers(router([r.url for r in reps], "--policy", "prefix_affinity"))
+    first: dict[str, httpx.Response] = {}
+
+    def send() -> None:
+        first["r"] = httpx.post(lm.url + "/v1/chat/completions", json=turn(DOCS[2], 0),
+                                headers={"x-session-id": "a"}, timeout=30)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while sum(r["in_flight"] for r in _replicas(lm.url)) < 1:
+        assert time.monotonic() < deadline, "the first request never went out"
+        time.sleep(0.02)
+    second = httpx.post(lm.url + "/v1/chat/completions", json=turn(DOCS[2], 1),
+                        headers={"x-session-id": "b"}, timeout=30)
+    thread.join()
+    assert first["r"].headers["x-lmroute-reason"] == "miss"
+    assert second.headers["x-lmroute-reason"] == "gpu-hit"
+    assert second.headers["x-lmroute-replica"] == first["r"].headers["x-lmroute-replica"]
