@@ -6,7 +6,7 @@
                                                  or draining after SIGTERM: router.drain)
     GET  /metrics                                Prometheus text (``router.metrics``)
     GET  /replicas                               replica state and KV-event index status
-    POST /index/lookup                           where the index believes a body's prefix is
+    POST /index/lookup                           where the index (+ in-flight) puts a prefix
     GET  /policy                                 the active policy's ``describe()``
     GET|POST /admin/...                          ``router.admin``
     GET  /openapi.json                           what the router accepts (``router.openapi``)
