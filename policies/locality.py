@@ -26,7 +26,9 @@ Own dispatch log (``_SessionLog``): the router records a session's replica and p
 only when its reply ends, a queueing delay after the decision; a next turn arriving
 meanwhile would look new and cold and be scattered by load. The policy therefore takes
 the session's replica from its own last dispatch, and counts that request's prompt as
-cached there while it is in flight.
+cached there while it is in flight. (Other sessions sharing a prefix in flight find it
+through the residency itself: the router lays its unsettled dispatches over the index,
+``router.in_flight``.)
 Hysteresis: the session's last replica is kept unless another scores better by more than
 ``stay_margin`` (relative; widened by ``distrust`` x the cost model's own running error,
 ``Calibration.error()``: a model that predicts badly moves sessions only for gains larger
