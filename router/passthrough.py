@@ -28,7 +28,6 @@ learnt from the reply (the JSON body, or the first SSE event of a stream).
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -41,6 +40,7 @@ from starlette.routing import Route
 from router.errors import BadRequest, NotFound, PayloadTooLarge, UpstreamConnectError
 from router.fanout import FanOut
 from router.gate import Gate
+from router.ids import new_id
 from router.jsonbody import load_json
 from router.membership import Membership
 from router.models import ModelMap
@@ -81,7 +81,7 @@ def balanced(request: Request, body: dict[str, Any], size: int) -> ParsedRequest
         raise BadRequest("'model' must be a string", param="model")
     return ParsedRequest(endpoint="completions", body=body, model=model or "",
                          stream=bool(lax_bool(body.get("stream"))),
-                         session="n:" + uuid.uuid4().hex, prompt_chars=size, max_tokens=None,
+                         session="n:" + new_id(), prompt_chars=size, max_tokens=None,
                          label=_label(request.url.path), hashed=False)
 
 

@@ -29,7 +29,6 @@ that chose it, so an in-flight request finishes against the policy that routed i
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass, replace
 
@@ -49,6 +48,7 @@ from router.errors import (
     UpstreamStreamBroken,
 )
 from router.failures import Verdict, classify, shaped
+from router.ids import new_id
 from router.locator import Locator
 from router.metrics import RouterMetrics
 from router.openai_api import Endpoint, ParsedRequest, parse_request
@@ -137,7 +137,7 @@ class Proxy:
                      prepare: Prepare | None = None) -> Response:
         """Route one request: chat/completions, or a pass-through route's ``prepare``."""
         t0 = self.clock()
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        request_id = request.headers.get("x-request-id") or new_id()
         live: list[_Attempt] = []  # the attempts made: the last may be open when the client left
         try:
             if prepare is None:
@@ -183,7 +183,7 @@ class Proxy:
         chain = self.locator.chain(parsed)
         # Policy state keys on an internal id: the client's X-Request-Id is only echoed and
         # forwarded (two in-flight requests may share it).
-        view = await self._view(parsed, chain, uuid.uuid4().hex, t0)
+        view = await self._view(parsed, chain, new_id(), t0)
         policy = self.policy  # one object for the whole request, whatever the admin API does
         tried: set[str] = set()
         last_error: UpstreamError | None = None
