@@ -104,7 +104,8 @@ class _Egress(Response):
 
     def __init__(self, inner: Response, done: Callable[[], None] | None,
                  names: Mapping[bytes, bytes] | None):
-        super().__init__()
+        # Response.__init__ would render an empty body and headers nobody sends.
+        self.status_code, self.background = inner.status_code, None
         self.inner, self.done, self.names = inner, done, names
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -159,8 +159,8 @@ class Proxy:
             err.request_id = request_id
             raise
 
-    async def _view(self, parsed: ParsedRequest, chain: list[int], request_id: str,
-                    now: float) -> RequestView:
+    async def _view(self, parsed: ParsedRequest, chain: list[int], request_id: str) -> RequestView:
+        residency = await self.locator.residency(chain)
         return RequestView(
             request_id=request_id,
             model=parsed.model,
@@ -169,9 +169,9 @@ class Proxy:
             stream=parsed.stream,
             prompt_tokens=parsed.prompt_chars // 4,
             max_tokens=parsed.max_tokens,
-            residency=await self.locator.residency(chain),
+            residency=residency,
             last_replica=self.locator.last_replica(parsed.session),
-            now=now,
+            now=self.clock(),  # after the lookup, which may wait on Redis
         )
 
     async def _route(self, parsed: ParsedRequest, target: Target, request: Request,
@@ -183,14 +183,15 @@ class Proxy:
         chain = self.locator.chain(parsed)
         # Policy state keys on an internal id: the client's X-Request-Id is only echoed and
         # forwarded (two in-flight requests may share it).
-        view = await self._view(parsed, chain, new_id(), t0)
+        view = await self._view(parsed, chain, new_id())
         policy = self.policy  # one object for the whole request, whatever the admin API does
         tried: set[str] = set()
         last_error: UpstreamError | None = None
         fault: _Fault | None = None  # the last 5xx, and whether its replica was blamed
         blamed = 0  # 5xx answers not blamed on the replica: the request's second one ends it
         for attempt_no in range(self.max_attempts):
-            view = replace(view, exclude=frozenset(tried), now=self.clock())
+            if attempt_no:  # dataclasses.replace is slow: only a retry pays for it
+                view = replace(view, exclude=frozenset(tried), now=self.clock())
             try:
                 attempt = self._dispatch(view, policy, chain, self.candidates(parsed),
                                          retry=bool(attempt_no))
