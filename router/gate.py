@@ -92,7 +92,9 @@ def _replayed(request: Request, body: bytes | None, drop: set[bytes]) -> Request
             return {"type": "http.request", "body": body, "more_body": False}
         return await request.receive()
 
-    return Request({**request.scope, "headers": headers}, receive)
+    replayed = Request({**request.scope, "headers": headers}, receive)
+    replayed._body = body  # Starlette's own cache of a read body: body() and stream() use it
+    return replayed
 
 
 class _Egress(Response):

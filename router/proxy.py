@@ -78,7 +78,11 @@ Prepare = Callable[[Request], Awaitable[tuple[ParsedRequest, Target]]]
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """Read the whole body, refusing (413) as soon as it is known to exceed ``limit``."""
+    """Read the whole body, refusing (413) as soon as it is known to exceed ``limit``; a
+    body ``router.gate`` read already (and held to its limit) is taken as it is."""
+    read: bytes | None = getattr(request, "_body", None)
+    if read is not None and len(read) <= limit:
+        return read
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
