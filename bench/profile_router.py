@@ -6,6 +6,9 @@ Layout as ``peers.py``: the router on core 0, two fast backends and wrk on core 
 backends that send ``--events`` events ``--delay-ms`` apart). The summary groups the
 samples by where the time goes (package of the innermost frame outside the standard
 library, else the stdlib module) and lists the top functions by self and total time.
+``--perf``: Linux ``perf record`` instead of py-spy, for what py-spy cannot see: the
+kernel's share (system calls, loopback TCP) and native code (uvloop, the interpreter);
+the summary is ``perf report``'s split by object and its top symbols.
 
     .venv/bin/python bench/profile_router.py --mode non-stream --out docs/profiles/x.txt
         [--lmroute-exe /path/to/other/checkout/.venv/bin/lmroute]
@@ -72,6 +75,19 @@ def summarise(raw: str, top: int = 25) -> str:
     return "\n".join(out)
 
 
+def perf_summary(data: Path, top: int = 30) -> str:
+    """``perf report``'s share of samples by object (kernel, libpython, uvloop, ...) and
+    its top symbols."""
+    out = []
+    for sort, n in (("dso", 15), ("dso,sym", top)):
+        report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children",
+                                 "--sort", sort, "--percent-limit", "0.3"],
+                                capture_output=True, text=True, check=True).stdout
+        rows = [line for line in report.splitlines() if line.strip() and not line.startswith("#")]
+        out += [f"perf report --sort {sort} (top {n}):", *rows[:n], ""]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peers-venv", default=".venv-peers")
@@ -84,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lmroute-args", nargs="*", default=["--no-access-log"])
     ap.add_argument("--lmroute-exe", help="another checkout's lmroute (e.g. main's "
                     ".venv/bin/lmroute): its profile, for before/after")
+    ap.add_argument("--perf", action="store_true",
+                    help="sample with Linux perf (kernel + native) instead of py-spy")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     py = sys.executable
@@ -108,26 +126,32 @@ def main(argv: list[str] | None = None) -> int:
             check_replies(port, "lmroute")
         run_wrk(port, lua, cpu=LOAD_CPU, threads=2, conns=64, duration_s=2)
         raw = Path(tmp) / "raw.txt"
-        spy_exe = str(Path(args.peers_venv) / "bin" / "py-spy")
-        spy = subprocess.Popen([spy_exe, "record", "--format", "raw", "-o", str(raw),
-                                "-r", str(args.rate), "-d", str(args.duration),
-                                "-p", str(proc.pid), "--nonblocking"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if args.perf:
+            sampler = subprocess.Popen(["perf", "record", "-F", str(args.rate), "-o", str(raw),
+                                        "-p", str(proc.pid), "--", "sleep", str(args.duration)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            spy_exe = str(Path(args.peers_venv) / "bin" / "py-spy")
+            sampler = subprocess.Popen([spy_exe, "record", "--format", "raw", "-o", str(raw),
+                                        "-r", str(args.rate), "-d", str(args.duration),
+                                        "-p", str(proc.pid), "--nonblocking"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)
         cpu0 = tree_cpu_s(proc.pid)
         stats, _ = run_wrk(port, lua, cpu=LOAD_CPU, threads=2, conns=64, duration_s=args.duration - 1)
         cpu = tree_cpu_s(proc.pid) - cpu0
-        spy.wait(timeout=60)
-        text = raw.read_text()
-        Path("out").mkdir(exist_ok=True)
-        Path("out", args.out.stem + ".raw").write_text(text)  # for flame graphs
+        sampler.wait(timeout=60)
+        text = perf_summary(raw) if args.perf else raw.read_text()
+        if not args.perf:
+            Path("out").mkdir(exist_ok=True)
+            Path("out", args.out.stem + ".raw").write_text(text)  # for flame graphs
     per_req = cpu / max(1, stats["requests"]) * 1e6
     who = args.lmroute_exe or "this checkout"
     head = (f"{who}: lmroute serve --policy {args.policy} {' '.join(args.lmroute_args)}; "
             f"mode {args.mode}; "
             f"wrk -t2 -c64: {stats['rps']:.0f} req/s, router CPU {per_req:.0f}"
-            f" us/request; py-spy {args.rate}/s --nonblocking\n")
-    summary = head + summarise(text)
+            f" us/request; {'perf' if args.perf else 'py-spy'} {args.rate}/s\n")
+    summary = head + (text if args.perf else summarise(text))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(summary + "\n")
     print(summary)
