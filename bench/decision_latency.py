@@ -13,20 +13,20 @@ bytes of text per token: ~512 KiB, 512 blocks at 128k tokens) is parsed once wit
 (p50 / p99 / max over ``--n`` decisions):
 
 - ``hash``: ``Locator.chain`` (render the body, hash it into its block chain);
-- ``lookup``: ``Proxy._view``: ``Locator.residency`` (one index lookup, its metrics),
-  the session's last replica, the ``RequestView``;
-- ``route``: the whole step: ``hash`` + ``lookup`` + the attempt's view
-  (``replace(view, exclude=..., now=...)``) + ``Proxy._dispatch`` (the candidates'
-  views, ``Locality.choose``, the decision metric, ``dispatched``, in-flight count);
+- ``lookup``: ``Proxy._view``: ``Locator.residency`` (one index lookup, its metrics, the
+  in-flight prefixes laid over it), the session's last replica, the ``RequestView``;
+- ``route``: the whole step: ``hash`` + ``lookup`` + ``Proxy._dispatch`` (the candidates'
+  views, ``Locality.choose``, the decision metric, ``dispatched``, the chain added to the
+  router's in-flight prefixes, in-flight count);
 - ``choose``: ``Locality.choose`` alone (the policy's part: per replica the cost model,
   the FIFO wait over that replica's queued requests, the score), timed in a second call
   once the request has left again, so on the same queues;
 - ``parse`` (not part of ``route``: every request is parsed whatever the policy):
   ``parse_request`` of the raw body.
 
-After each decision the request leaves (a failed outcome, which teaches calibration
-nothing), so ``--queued`` requests of this policy wait on every replica throughout (each
-walked at every decision).
+After each decision the request leaves (settled in the in-flight prefixes, a failed
+outcome to the policy, which teaches calibration nothing), so ``--queued`` requests of
+this policy wait on every replica throughout (each walked at every decision).
 
 ``--clock cpu`` times each step with the thread's CPU clock (``time.thread_time_ns``)
 instead of the wall clock: on a shared machine a wall-clock p99 measures the other
@@ -44,7 +44,6 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -111,13 +110,13 @@ async def _decide(proxy: Proxy, raw: bytes, k: int, now: Callable[[], int],
     t0 = now()
     chain = proxy.locator.chain(parsed)
     t1 = now()
-    view = await proxy._view(parsed, chain, f"x{k}", proxy.clock())
+    view = await proxy._view(parsed, chain, f"x{k}")
     t2 = now()
-    view = replace(view, exclude=frozenset(), now=proxy.clock())
     attempt = proxy._dispatch(view, proxy.policy, chain, proxy.candidates(parsed), retry=False)
     t3 = now()
     proxy.metrics.routing_overhead(0.0)
     attempt.replica.in_flight -= 1
+    proxy.locator.settled(view.request_id)
     proxy.policy.observe(Outcome(view, attempt.decision, ok=False))
     t4 = now()
     proxy.policy.choose(view, proxy.candidates(parsed))
