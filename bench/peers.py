@@ -117,6 +117,10 @@ def router_cmds(args: argparse.Namespace, port: int, backends: list[str]) -> dic
             *pin, sys.executable, "-m", "router.cli", "serve", *[a for b in backends
             for a in ("--backend", b)], "--policy", policy, "--host", HOST, "--port", str(port),
             "--drain-grace-s", "0", "--workers", str(args.workers), *args.lmroute_args]
+    if args.floor:  # no router at all: the interpreter and uvloop relaying bytes
+        cmds["python floor (uvloop byte relay)"] = [
+            *pin, sys.executable, str(HERE / "raw_relay.py"), "--host", HOST, "--port", str(port),
+            *[a for b in backends for a in ("--backend", b)]]
     for variant in args.variant:  # NAME=ARGS: `lmroute serve ARGS` as target NAME
         name, _, extra = variant.partition("=")
         cmds[name] = [*pin, sys.executable, "-m", "router.cli", "serve", *[a for b in backends
@@ -229,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--workers-policies", nargs="*", default=[],
                     help="also run these policies with --workers N ('lmroute P xN workers')")
+    ap.add_argument("--floor", action="store_true",
+                    help="also run bench/raw_relay.py: a uvloop byte relay, no HTTP (the floor "
+                         "of any Python router)")
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=ARGS: also `lmroute serve ARGS` as target NAME (repeat)")
     ap.add_argument("--rounds", type=int, default=2)
