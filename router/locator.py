@@ -21,9 +21,10 @@ forwarder:
   ``pool_write_through`` (LMCache's default store-on-prefill) so does the shared pool
   (``served_writes``). Recorded in a background task: the client never waits on it.
 - ``dispatched(request_id, chain, replica)`` / ``settled(request_id)``: the router's own
-  dispatches count as cached on their replica until their reply ends
-  (``router.in_flight``): ``residency`` overlays them on what the index says, so a
-  request sharing a prefix still being computed follows it.
+  dispatches count as cached on their replica until their reply ends, or for a replica
+  whose KV events flow until its first token (``first_token``) (``router.in_flight``):
+  ``residency`` overlays them on what the index says, so a request sharing a prefix
+  still being computed follows it.
 - ``last_replica(session)``: the replica that last served a session (``SessionMemory``, a
   bounded LRU), which policies use to keep sessions in place (hysteresis).
 
@@ -150,6 +151,14 @@ class Locator:
 
     def settled(self, request_id: str) -> None:
         self.in_flight.settle(request_id)
+
+    def first_token(self, request_id: str, replica: ReplicaId) -> None:
+        """A stream's first token: the prompt is computed. A precise replica's KV events
+        (published as its blocks are computed) carry it from here, so its in-flight entry
+        goes now rather than when a long decode ends (a 128k-token prompt holds 4,000
+        entries); an approximate one's stays until ``served`` records it."""
+        if self.precise(replica):
+            self.in_flight.settle(request_id)
 
     def last_replica(self, session: str) -> ReplicaId | None:
         return self.sessions.last(session)

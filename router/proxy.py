@@ -358,6 +358,7 @@ class Proxy:
             # the (long) decode ends.
             attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=True,
                                            ttft_s=ttft, phase="first_token", at=now))
+            self.locator.first_token(attempt.view.request_id, attempt.replica.id)
 
         def broken(exc: UpstreamStreamBroken) -> None:
             self.metrics.upstream_error(attempt.replica.url, "mid_stream", attempt.decision.arm)

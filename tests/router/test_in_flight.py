@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -12,7 +13,12 @@ from test_prefix_routing import DOCS, turn
 
 from policies.base import Residency
 from router.in_flight import InFlightPrefixes
+from router.index.memory import MemoryIndex
+from router.locator import Locator
+from router.metrics import RouterMetrics
 from router.prefix import root_key, token_chain
+from router.replicas import ReplicaSet
+from router.upstream import Upstream
 
 
 def _chain(tokens: list[int]) -> list[int]:
@@ -96,3 +102,24 @@ def test_a_request_sharing_a_prefix_in_flight_follows_it(start_servers) -> None:
     assert first["r"].headers["x-lmroute-reason"] == "miss"
     assert second.headers["x-lmroute-reason"] == "gpu-hit"
     assert second.headers["x-lmroute-replica"] == first["r"].headers["x-lmroute-replica"]
+
+
+def test_a_precise_replica_s_entry_goes_at_the_first_token() -> None:
+    """Where KV events flow they take over once the prompt is computed (the entry of a
+    long stream would otherwise hold thousands of keys through its whole decode); an
+    approximate replica's stays until the reply is recorded."""
+    reps = ReplicaSet(["http://p", "http://q"], Upstream(connect_timeout_s=1.0,
+                      first_byte_timeout_s=1.0), health_interval_s=1.0, health_timeout_s=1.0,
+                      eject_after=3, readmit_after=1, scrape_interval_s=1.0,
+                      clock=time.monotonic)
+    locator = Locator(MemoryIndex(), RouterMetrics(reps), block_bytes=1024,
+                      pool_write_through=False, precise=lambda replica: replica == "p")
+    chain = _chain(list(range(16 * 4)))
+    locator.dispatched("a", chain, "p")
+    locator.dispatched("b", chain, "q")
+    assert asyncio.run(locator.residency(chain)).gpu == {"p": 4, "q": 4}
+    locator.first_token("a", "p")
+    locator.first_token("b", "q")
+    assert asyncio.run(locator.residency(chain)).gpu == {"q": 4}
+    locator.settled("b")
+    assert asyncio.run(locator.residency(chain)).gpu == {}
