@@ -19,7 +19,8 @@ forwarder:
   holds the prefix (unless ``precise(replica)``: that replica's KV events are flowing and
   are the truth about its GPU, a guess would only add false hits), and with
   ``pool_write_through`` (LMCache's default store-on-prefill) so does the shared pool
-  (``served_writes``). Recorded in a background task: the client never waits on it.
+  (``served_writes``). Recorded in a background task (the client never waits on
+  Redis), or at once with the embedded in-memory index, which does no I/O.
 - ``dispatched(request_id, chain, replica)`` / ``settled(request_id)``: the router's own
   dispatches count as cached on their replica until their reply ends, or for a replica
   whose KV events flow until its first token (``first_token``) (``router.in_flight``):
@@ -49,6 +50,7 @@ from typing import Any
 from policies.base import DEFAULT_BLOCK_TOKENS, EMPTY_RESIDENCY, ReplicaId, Residency, Tier
 from router.in_flight import InFlightPrefixes
 from router.index import IndexCapacity, IndexUnavailable, PrefixIndex
+from router.index.memory import MemoryIndex
 from router.metrics import RouterMetrics
 from router.openai_api import ParsedRequest
 from router.prefix import BlockKey, chain_for_body, root_key, token_chain
@@ -167,7 +169,13 @@ class Locator:
         if session.startswith("n:"):  # a request of no session (embeddings, ...): not kept
             return
         self.sessions.remember(session, replica)
-        if chain:
+        if not chain:
+            return
+        if isinstance(self.index, MemoryIndex):  # no I/O: a task per request would cost more
+            for tier, holder in served_writes(replica, precise=self.precise(replica),
+                                              pool_write_through=self.pool_write_through):
+                self.index.record_now(chain, tier, holder)
+        else:
             self._background(self._record(chain, replica))
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
