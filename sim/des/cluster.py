@@ -9,11 +9,12 @@ from the models):
   written only when a request *this router* served completes, with the writes
   ``router.locator.served_writes`` gives ``Locator.served`` (without KV events): the chain
   on the serving replica's GPU, and in the pool when the pool is on (LMCache's
-  write-through). The router applies them at once to its in-memory index (with Redis, in a
-  background task); this loop does the same with ``record_now``. The index therefore lags the models (a prefix is
-  usable from the first token but known only after the last), never learns of evictions
-  except by its own LRU bound, keeps believing in a GPU cache an engine restart has
-  emptied, and never learns of a prefix another router served (even one in the shared pool).
+  write-through). The router applies them at once to its in-memory index (with Redis, in
+  a background task); this loop does the same with ``record_now``. The index therefore
+  lags the models (a prefix is usable from the first token but known only after the
+  last), never learns of evictions except by its own LRU bound, keeps believing in a GPU
+  cache an engine restart has emptied, and never learns of a prefix another router served
+  (even one in the shared pool).
   Laid over it, as ``Locator.residency`` does, the router's unsettled dispatches
   (``router.in_flight.InFlightPrefixes``: added at dispatch, settled at completion).
 - ``ReplicaView.in_flight``: this router's count of requests it has outstanding (other
