@@ -29,8 +29,8 @@ forwarder:
 - ``last_replica(session)``: the replica that last served a session (``SessionMemory``, a
   bounded LRU), which policies use to keep sessions in place (hysteresis).
 
-``served_writes`` and ``SessionMemory`` are synchronous and free of I/O, so the simulator
-(sim/des/cluster.py) keeps its router-side view with exactly this code.
+``served_writes``, ``record_served`` and ``SessionMemory`` are synchronous and free of I/O,
+so the simulator (sim/des/cluster.py) keeps its router-side view with exactly this code.
 - ``replica_health_changed(replica, healthy)``: an ejected replica's GPU entries are
   forgotten (it is assumed restarted when it comes back).
 
@@ -44,7 +44,7 @@ import asyncio
 import dataclasses
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from policies.base import DEFAULT_BLOCK_TOKENS, EMPTY_RESIDENCY, ReplicaId, Residency, Tier
@@ -73,6 +73,14 @@ def served_writes(replica: ReplicaId, *, precise: bool,
     if pool_write_through:
         writes.append((Tier.POOL, None))
     return writes
+
+
+def record_served(index: MemoryIndex, chain: Sequence[BlockKey], replica: ReplicaId, *,
+                  precise: bool, pool_write_through: bool) -> None:
+    """Apply ``served_writes`` to an in-memory index at once (it does no I/O)."""
+    for tier, holder in served_writes(replica, precise=precise,
+                                      pool_write_through=pool_write_through):
+        index.record_now(chain, tier, holder)
 
 
 class SessionMemory:
@@ -172,9 +180,8 @@ class Locator:
         if not chain:
             return
         if isinstance(self.index, MemoryIndex):  # no I/O: a task per request would cost more
-            for tier, holder in served_writes(replica, precise=self.precise(replica),
-                                              pool_write_through=self.pool_write_through):
-                self.index.record_now(chain, tier, holder)
+            record_served(self.index, chain, replica, precise=self.precise(replica),
+                          pool_write_through=self.pool_write_through)
         else:
             self._background(self._record(chain, replica))
 

@@ -7,7 +7,7 @@ from the models):
 
 - residency: a ``router.index.memory.MemoryIndex`` (the router's embedded index) that is
   written only when a request *this router* served completes, with the writes
-  ``router.locator.served_writes`` gives ``Locator.served`` (without KV events): the chain
+  ``router.locator.record_served`` makes for ``Locator.served`` (without KV events): the chain
   on the serving replica's GPU, and in the pool when the pool is on (LMCache's
   write-through). The router applies them at once to its in-memory index (with Redis, in
   a background task); this loop does the same with ``record_now``. The index therefore
@@ -59,7 +59,7 @@ from collections.abc import Mapping
 from policies.base import ReplicaView, RequestView, Residency
 from router.in_flight import InFlightPrefixes
 from router.index.memory import MemoryIndex
-from router.locator import SessionMemory, capacity_from_bytes, served_writes
+from router.locator import SessionMemory, capacity_from_bytes, record_served
 from sim.des.loop import EventLoop
 from sim.des.workload import SimRequest
 from sim.replica.model import ReplicaModel, ReplicaRequest, Timeline
@@ -175,9 +175,8 @@ class SimRouter:
         self.dispatches.settle(request.request_id)
         self.sessions.remember(request.session, replica)
         if request.chain:
-            for tier, holder in served_writes(replica, precise=False,
-                                              pool_write_through=self.cluster.pool.enabled):
-                self.index.record_now(request.chain, tier, holder)
+            record_served(self.index, request.chain, replica, precise=False,
+                          pool_write_through=self.cluster.pool.enabled)
 
 
 class Cluster:
