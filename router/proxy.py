@@ -289,11 +289,16 @@ class Proxy:
         except UpstreamStreamBroken:
             return None
 
-    def _failed(self, attempt: _Attempt, kind: str, error: str, *, count: bool = True) -> None:
-        """An attempt that served nothing; ``count``: it counts toward ejecting the replica."""
+    def _close(self, attempt: _Attempt) -> None:
+        """However an attempt ended: out of its replica's in-flight count and the router's
+        in-flight prefixes."""
         attempt.replica.in_flight -= 1
         attempt.open = False
         self.locator.settled(attempt.view.request_id)
+
+    def _failed(self, attempt: _Attempt, kind: str, error: str, *, count: bool = True) -> None:
+        """An attempt that served nothing; ``count``: it counts toward ejecting the replica."""
+        self._close(attempt)
         if count:
             self.replicas.record_failure(attempt.replica, error)
         self.metrics.upstream_error(attempt.replica.url, kind, attempt.decision.arm)
@@ -303,8 +308,7 @@ class Proxy:
     def _finished(self, attempt: _Attempt, status: int, t0: float, *, ttft: float | None,
                   ok: bool) -> None:
         now = self.clock()
-        attempt.replica.in_flight -= 1
-        attempt.open = False
+        self._close(attempt)
         self.replicas.record_success(attempt.replica, from_probe=False)
         self.metrics.request_done(attempt.view.endpoint, attempt.replica.url, status,
                                   attempt.decision.arm, duration_s=now - t0, ttft_s=ttft,
@@ -313,14 +317,11 @@ class Proxy:
                                     total_s=now - t0, at=now))
         if ok:
             self.locator.served(attempt.view.session, attempt.chain, attempt.replica.id)
-        self.locator.settled(attempt.view.request_id)
 
     def _abandoned(self, attempt: _Attempt) -> None:
         """The client left while ``attempt`` was in flight (its upstream request was
         cancelled): the replica's count drops now, and the policy sees a failed outcome."""
-        attempt.replica.in_flight -= 1
-        attempt.open = False
-        self.locator.settled(attempt.view.request_id)
+        self._close(attempt)
         self.metrics.request_done(attempt.view.endpoint, attempt.replica.url, CLIENT_CLOSED,
                                   attempt.decision.arm)
         attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=False,
