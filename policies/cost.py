@@ -32,7 +32,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # The keys of a prior file: those of a simulator profile. Only the timing ones are read.
 PRIOR_KEYS = frozenset({
@@ -150,9 +150,9 @@ def load_prior(path: str | Path | None = None) -> CostParams:
 STUDY_PRIOR = load_prior()
 
 
-@dataclass(frozen=True, slots=True)
-class Estimate:
-    """A predicted TTFT and its parts, for one request on one replica."""
+class Estimate(NamedTuple):
+    """A predicted TTFT and its parts, for one request on one replica (a named tuple: the
+    policy makes one per candidate per request, and a tuple is built at C speed)."""
 
     replica: str
     wait_s: float

@@ -198,61 +198,65 @@ class Locality(BasePolicy):
         self._behind: set[str] = set()  # dispatched while others of ours were still pending
         self._service_mean: dict[str, float] = {}
         self._sessions = _SessionLog()
+        # choose's estimates for the ``dispatched`` that follows it: (request id, now,
+        # state version, estimates); any state change bumps the version.
+        self._memo: tuple[str, float, int, dict[str, Estimate]] | None = None
+        self._version = 0
 
     # -- prediction -------------------------------------------------------------------
     def estimate(self, request: RequestView, replica: ReplicaView) -> Estimate:
+        """The cost model's prediction for ``request`` on ``replica`` (module docstring)."""
+        return self._estimate(request, replica.id, replica.waiting)
+
+    def _estimate(self, request: RequestView, rid: str, waiting: float) -> Estimate:
         res = request.residency
         bt = res.block_tokens
         gpu, load, new = split_tokens(request.prompt_tokens,
-                                      max(res.gpu_blocks(replica.id) * bt,
-                                          self._sessions.coming(request.session, replica.id)),
+                                      max(res.gpu_blocks(rid) * bt,
+                                          self._sessions.coming(request.session, rid)),
                                       res.pool * bt)
         load_s, prefill_s = self.calibration.predict(
-            replica.id, self.config.prior.terms(gpu + load, new, load))
-        queue = self._queues.get(replica.id)
-        wait = queue.wait(request.now) if queue is not None else 0.0
-        # vLLM's "waiting" excludes the request being prefilled (our queue's head).
-        own_waiting = max(0, len(queue.pending) - 1) if queue is not None else 0
-        others = max(0.0, replica.waiting - own_waiting)
-        wait += others * self._service_mean.get(replica.id, 0.0)
-        return Estimate(
-            replica=replica.id,
-            wait_s=wait,
-            load_s=load_s,
-            prefill_s=prefill_s,
-            gpu_tokens=gpu,
-            pool_tokens=load,
-            new_tokens=new,
-        )
+            rid, self.config.prior.terms(gpu + load, new, load))
+        queue = self._queues.get(rid)
+        if queue is None:
+            wait, own_waiting = 0.0, 0
+        else:
+            wait = queue.wait(request.now)
+            # vLLM's "waiting" excludes the request being prefilled (our queue's head).
+            own_waiting = max(0, len(queue.pending) - 1)
+        if waiting > own_waiting:
+            wait += (waiting - own_waiting) * self._service_mean.get(rid, 0.0)
+        return Estimate(rid, wait, load_s, prefill_s, gpu, load, new)
 
     def choose(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision:
         candidates = rendezvous_rank(request.session, self.candidates(request, replicas))
-        estimates = {r.id: self.estimate(request, r) for r in candidates}
+        estimates = {r.id: self._estimate(request, r.id, r.waiting) for r in candidates}
+        # ``dispatched`` follows at once with the same request and state: it reuses these.
+        self._memo = (request.request_id, request.now, self._version, estimates)
         least_work = min(e.load_s + e.prefill_s for e in estimates.values())
         w = self.config.work_weight
         mean_service = self._mean_service()
-
-        def score(rid: str) -> float:
-            e = estimates[rid]
+        scores: dict[str, float] = {}
+        for rid, e in estimates.items():
             service = e.load_s + e.prefill_s
             queued = e.wait_s / mean_service if mean_service > 0 else 0.0
-            return e.ttft_s + w * (service - least_work) + w * queued * service
-
-        scores = {r.id: score(r.id) for r in candidates}
+            scores[rid] = (e.wait_s + e.load_s + e.prefill_s + w * (service - least_work)
+                           + w * queued * service)
         low = min(scores.values())
         # Scores within tie_margin of the best are not told apart by a model made of
         # estimates: among them the fewest of our requests queued, then the session's
         # rendezvous order (``min`` is stable), never one replica's systematic edge.
-        tied = [r for r in candidates if scores[r.id] <= low * (1 + self.config.tie_margin)]
-        best = min(tied, key=lambda r: self._pending(r.id))
+        bound = low * (1 + self.config.tie_margin)
+        tied = [r.id for r in candidates if scores[r.id] <= bound]
+        best = tied[0] if len(tied) == 1 else min(tied, key=self._pending)
         stay = self._sessions.replica(request.session) or request.last_replica
         if stay in estimates:
             kept = scores[stay]
             margin = self.config.stay_margin + self.config.distrust * self.calibration.error()
-            if kept - scores[best.id] <= margin * kept + self.config.stay_margin_s:
+            if kept - scores[best] <= margin * kept + self.config.stay_margin_s:
                 return Decision(stay, "sticky", estimates[stay].ttft_s)
-        chosen = estimates[best.id]
-        return Decision(best.id, self._reason(request, chosen, estimates), chosen.ttft_s)
+        chosen = estimates[best]
+        return Decision(best, self._reason(request, chosen, estimates), chosen.ttft_s)
 
     def _pending(self, replica: str) -> int:
         queue = self._queues.get(replica)
@@ -280,7 +284,14 @@ class Locality(BasePolicy):
 
     # -- state changes ------------------------------------------------------------------
     def dispatched(self, request: RequestView, decision: Decision) -> None:
-        est = self.estimate(request, ReplicaView(id=decision.replica, url=""))
+        memo = self._memo
+        if (memo is not None and memo[0] == request.request_id and memo[1] == request.now
+                and memo[2] == self._version and decision.replica in memo[3]):
+            est = memo[3][decision.replica]
+        else:  # a decision not made by this ``choose`` (a split's arm, a test)
+            est = self._estimate(request, decision.replica, 0.0)
+        self._memo = None
+        self._version += 1
         queue = self._queues.setdefault(decision.replica, _Queue())
         if queue.pending:
             self._behind.add(request.request_id)
@@ -290,6 +301,7 @@ class Locality(BasePolicy):
                             request.request_id)
 
     def observe(self, outcome: Outcome) -> None:
+        self._version += 1
         rid = outcome.request.request_id
         if outcome.phase == "done" or not outcome.ok:
             self._sessions.finished(outcome.request.session, rid)
