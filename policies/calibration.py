@@ -16,7 +16,8 @@ prefill, no queueing) into four terms, ``x = (fixed, linear, attention, load)`` 
   (the only thing a few observations identify), then follows recursive least squares
   on ``observed / predicted ~ sum_i t_i * x_i / predicted`` (relative, so a 128k prefill
   does not outweigh everything else), forgetting factor ``forget``, each factor kept
-  within ``max_term`` times of the warm-up scale.
+  within ``max_term`` times of the warm-up scale; each variance of the estimate bounded without
+  breaking its covariance (``_bound_covariance``).
 - ``P_r``, ``L_r``: one replica's deviation from the fleet (a slower card), learnt from
   the ``replica_warmup``-th observation on (replicas that serve different request mixes
   cannot tell "this replica is fast" from "this term is cheap", so the fleet's terms are
@@ -98,6 +99,23 @@ def _rls_step(theta: list[float], p: list[list[float]], z: list[float], error: f
         theta[i] += gain[i] * error
         for j in range(4):
             p[i][j] = (p[i][j] - gain[i] * pz[j]) / forget
+
+
+def _bound_covariance(p: list[list[float]], cap: float) -> None:
+    """Bound each variance of ``p`` by ``cap`` as ``D p D``, ``D`` diagonal, in place.
+
+    With forgetting, the variance of a term no request excites grows without bound (the
+    pool-load term where nothing is loaded), and so would its next step. Clamping the
+    diagonal alone left the covariances as they were: the matrix stopped being positive
+    semi-definite, gains pointed the wrong way, and the factors ran between their bounds
+    on observations that matched the prior exactly (docqa, 4 replicas: from the
+    1,500th request on). Scaling row and column ``i`` by ``sqrt(cap / p[i][i])`` keeps
+    the matrix symmetric positive semi-definite (a congruence) and every correlation as
+    it was."""
+    scale = [min(1.0, math.sqrt(cap / p[i][i])) if p[i][i] > 0 else 1.0 for i in range(4)]
+    for i in range(4):
+        for j in range(4):
+            p[i][j] *= scale[i] * scale[j]
 
 
 @dataclass(slots=True)
@@ -222,7 +240,7 @@ class Calibration:
         low, high = self._base / self.max_term, self._base * self.max_term
         for i in range(4):  # a term never excited must not drift, nor go negative
             self.term_scale[i] = max(low, min(high, self.term_scale[i]))
-            self._cov[i][i] = min(self._cov[i][i], 4.0 * self._base ** 2)
+        _bound_covariance(self._cov, 4.0 * self._base ** 2)
 
     def _update_replica(self, kind: str, replica: str, share_load: float, r: float) -> None:
         evidence = self._evidence[kind]
