@@ -43,13 +43,15 @@ class Residency:
     ``gpu`` maps a replica to the number of leading blocks of the request's chain that
     its GPU prefix cache holds; ``pool`` is the number of leading blocks the shared pool
     holds. ``chain_blocks`` is the length of the chain that was looked up and
-    ``block_tokens`` about how many tokens one block stands for.
+    ``block_tokens`` about how many tokens one block stands for. ``readers``: how many of
+    the router's unsettled requests hold that longest cached prefix too (``router.in_flight``).
     """
 
     chain_blocks: int = 0
     block_tokens: int = DEFAULT_BLOCK_TOKENS
     gpu: Mapping[ReplicaId, int] = field(default_factory=dict)
     pool: int = 0
+    readers: int = 0
 
     def gpu_blocks(self, replica: ReplicaId) -> int:
         return self.gpu.get(replica, 0)

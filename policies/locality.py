@@ -90,7 +90,8 @@ class LocalityConfig:
     ``stay_margin_s``: the same in absolute seconds (added); ``tie_margin``: scores
     within it (relative) of the best are ties, broken by balance; ``distrust``: the relative
     margin grows by this times the calibrated model's own error; ``calibrate``: learn online;
-    ``alpha``/``warmup``/``clip``: see ``Calibration``."""
+    ``alpha``/``warmup``/``clip``: see ``Calibration``; ``shared_copies``: the extra-work
+    charge is divided by 1 + the readers of the prefix it copies (``Residency.readers``)."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -103,6 +104,7 @@ class LocalityConfig:
     alpha: float = 0.2
     warmup: int = 3
     clip: float = 4.0
+    shared_copies: bool = True
 
 
 @dataclass(slots=True)
@@ -235,12 +237,14 @@ class Locality(BasePolicy):
         self._memo = (request.request_id, request.now, self._version, estimates)
         least_work = min(e.load_s + e.prefill_s for e in estimates.values())
         w = self.config.work_weight
+        # Extra work that copies a prefix others are reading right now is shared with them.
+        extra_w = w / (1 + request.residency.readers) if self.config.shared_copies else w
         mean_service = self._mean_service()
         scores: dict[str, float] = {}
         for rid, e in estimates.items():
             service = e.load_s + e.prefill_s
             queued = e.wait_s / mean_service if mean_service > 0 else 0.0
-            scores[rid] = (e.wait_s + e.load_s + e.prefill_s + w * (service - least_work)
+            scores[rid] = (e.wait_s + e.load_s + e.prefill_s + extra_w * (service - least_work)
                            + w * queued * service)
         low = min(scores.values())
         # Scores within tie_margin of the best are not told apart by a model made of

@@ -91,7 +91,11 @@ class InFlightPrefixes:
         return lo
 
     def overlay(self, residency: Residency, chain: Sequence[int]) -> Residency:
-        """``residency`` with each replica's GPU prefix at least its in-flight match."""
+        """``residency`` with each replica's GPU prefix at least its in-flight match, and
+        ``readers``: the unsettled dispatches, on any replica, that hold the request's
+        longest cached prefix (the deepest of the GPU and pool prefixes) in full. They are
+        the request's company in reading it right now: many of them make that prefix hot,
+        and a second copy of it worth its computation (``policies.locality``)."""
         if not self._blocks or not chain:
             return residency
         gpu = None
@@ -101,7 +105,13 @@ class InFlightPrefixes:
                 if gpu is None:
                     gpu = dict(residency.gpu)
                 gpu[replica] = n
-        if gpu is None:
+        deepest = max(max(gpu.values()) if gpu else 0,
+                      max(residency.gpu.values(), default=0), residency.pool)
+        readers = 0
+        if deepest:
+            key = chain[min(deepest, len(chain)) - 1]
+            readers = sum(held.get(key, 0) for held in self._blocks.values())
+        if gpu is None and readers == residency.readers:
             return residency
-        return Residency(residency.chain_blocks or len(chain), residency.block_tokens, gpu,
-                         residency.pool)
+        return Residency(residency.chain_blocks or len(chain), residency.block_tokens,
+                         residency.gpu if gpu is None else gpu, residency.pool, readers)

@@ -124,7 +124,7 @@ class Routes:
         chain = self.locator.chain(parsed)
         found = await self.locator.residency(chain)
         return _json({"chain_blocks": len(chain), "block_tokens": found.block_tokens,
-                      "gpu": dict(found.gpu), "pool": found.pool})
+                      "gpu": dict(found.gpu), "pool": found.pool, "readers": found.readers})
 
     async def policy(self, request: Request) -> Response:
         return _json(self.proxy.policy.describe())

@@ -209,3 +209,22 @@ def test_equally_good_replicas_share_the_traffic() -> None:
     assert all(strict.choose(req(str(i), 1600, gpu={"a": blocks, "b": blocks},
                                  session=f"s{i}"), reps("a", "b")).replica == "a"
                for i in range(50))  # what it did: every tie to the "faster" one
+
+
+def test_a_copy_of_a_prefix_many_are_reading_is_charged_as_shared_work() -> None:
+    """A 32k document on a, five 8k prefills queued there, b idle, no pool: a new
+    session's question copies the document to b only when others are reading it now
+    (``Residency.readers``): the copy's extra work is then shared by them, where for one
+    reader it is the whole queue's loss."""
+    blocks = 32_768 // BT
+    chosen = {}
+    for readers in (0, 8):
+        for shared in (True, False):
+            policy = Locality(LocalityConfig(shared_copies=shared))
+            now = _deep_queues(policy, 5, 0)
+            res = Residency(chain_blocks=blocks + 1, block_tokens=BT, gpu={"a": blocks},
+                            readers=readers)
+            view = RequestView(request_id="x", model="m", session="new", prompt_tokens=33_000,
+                               residency=res, now=now)
+            chosen[readers, shared] = policy.choose(view, reps("a", "b")).replica
+    assert chosen == {(0, True): "a", (0, False): "a", (8, True): "b", (8, False): "a"}

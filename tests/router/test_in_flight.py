@@ -46,6 +46,27 @@ def test_longest_is_the_shared_prefix_of_any_unsettled_dispatch() -> None:
     assert flight.longest(b, "r0") == 0 and len(flight) == 0
 
 
+def test_readers_are_the_unsettled_requests_holding_the_longest_cached_prefix() -> None:
+    rng = random.Random(11)
+    doc = [rng.randrange(50_000) for _ in range(16 * 40)]
+    question = [_chain(doc + [q] * 16 * 2) for q in range(4)]  # 42 blocks, 40 shared
+    flight = InFlightPrefixes()
+    flight.add("q0", "r0", question[0])
+    flight.add("q1", "r0", question[1])
+    flight.add("q2", "r1", question[2])
+    seen = flight.overlay(Residency(), question[3])
+    assert seen.gpu == {"r0": 40, "r1": 40} and seen.readers == 3
+    # The index holds more of this request's chain than is in flight (its own earlier
+    # turn, settled): nobody in flight reads that deeper prefix.
+    deeper = Residency(chain_blocks=42, gpu={"r2": 42})
+    assert flight.overlay(deeper, question[3]).readers == 0
+    flight.settle("q0")
+    flight.settle("q2")
+    assert flight.overlay(Residency(), question[3]).readers == 1
+    private = _chain([rng.randrange(50_000) for _ in range(16 * 10)])
+    assert flight.overlay(Residency(), private).readers == 0
+
+
 def test_a_retry_moves_the_request_and_an_ejected_replica_holds_nothing() -> None:
     chain = _chain(list(range(16 * 8)))
     flight = InFlightPrefixes()
