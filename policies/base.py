@@ -44,7 +44,8 @@ class Residency:
     its GPU prefix cache holds; ``pool`` is the number of leading blocks the shared pool
     holds. ``chain_blocks`` is the length of the chain that was looked up and
     ``block_tokens`` about how many tokens one block stands for. ``readers``: how many of
-    the router's unsettled requests hold that longest cached prefix too (``router.in_flight``).
+    the router's unsettled requests hold the longest prefix the index holds too
+    (``router.in_flight``; 0 for one only in flight).
     """
 
     chain_blocks: int = 0

@@ -93,7 +93,7 @@ class InFlightPrefixes:
     def overlay(self, residency: Residency, chain: Sequence[int]) -> Residency:
         """``residency`` with each replica's GPU prefix at least its in-flight match, and
         ``readers``: the unsettled dispatches, on any replica, that hold the request's
-        longest cached prefix (the deepest of the GPU and pool prefixes) in full. They are
+        longest prefix the index holds (the deepest of its GPU and pool prefixes) in full. They are
         the request's company in reading it right now: many of them make that prefix hot,
         and a second copy of it worth its computation (``policies.locality``)."""
         if not self._blocks or not chain:
@@ -105,8 +105,10 @@ class InFlightPrefixes:
                 if gpu is None:
                     gpu = dict(residency.gpu)
                 gpu[replica] = n
-        deepest = max(max(gpu.values()) if gpu else 0,
-                      max(residency.gpu.values(), default=0), residency.pool)
+        # Only a prefix computed somewhere (the index holds it): one still being computed
+        # for the first time is better waited for (it reaches the pool, or its replica's
+        # cache, when done) than computed again.
+        deepest = max(max(residency.gpu.values(), default=0), residency.pool)
         readers = 0
         if deepest:
             key = chain[min(deepest, len(chain)) - 1]

@@ -54,17 +54,21 @@ def test_readers_are_the_unsettled_requests_holding_the_longest_cached_prefix() 
     flight.add("q0", "r0", question[0])
     flight.add("q1", "r0", question[1])
     flight.add("q2", "r1", question[2])
+    # A document still being computed for the first time has no readers (it is better
+    # waited for than computed again); once the index holds it, they are its readers.
     seen = flight.overlay(Residency(), question[3])
-    assert seen.gpu == {"r0": 40, "r1": 40} and seen.readers == 3
-    # The index holds more of this request's chain than is in flight (its own earlier
-    # turn, settled): nobody in flight reads that deeper prefix.
-    deeper = Residency(chain_blocks=42, gpu={"r2": 42})
-    assert flight.overlay(deeper, question[3]).readers == 0
+    assert seen.gpu == {"r0": 40, "r1": 40} and seen.readers == 0
+    indexed = Residency(chain_blocks=42, gpu={"r0": 40})
+    assert flight.overlay(indexed, question[3]).readers == 3
+    assert flight.overlay(Residency(chain_blocks=42, pool=40), question[3]).readers == 3
+    # The index holds more of this request's chain (its own earlier turn, settled):
+    # nobody in flight reads that deeper prefix.
+    assert flight.overlay(Residency(chain_blocks=42, gpu={"r2": 42}), question[3]).readers == 0
     flight.settle("q0")
     flight.settle("q2")
-    assert flight.overlay(Residency(), question[3]).readers == 1
+    assert flight.overlay(indexed, question[3]).readers == 1
     private = _chain([rng.randrange(50_000) for _ in range(16 * 10)])
-    assert flight.overlay(Residency(), private).readers == 0
+    assert flight.overlay(Residency(chain_blocks=10, gpu={"r0": 10}), private).readers == 0
 
 
 def test_a_retry_moves_the_request_and_an_ejected_replica_holds_nothing() -> None:
