@@ -202,7 +202,10 @@ class Locality(BasePolicy):
         self._sessions = _SessionLog()
         # choose's estimates for the ``dispatched`` that follows it: (request id, now,
         # state version, estimates); any state change bumps the version.
-        self._memo: tuple[str, float, int, dict[str, Estimate]] | None = None
+        self._memo: tuple[str, float, int, dict[str, Estimate], set[str]] | None = None
+        # Dispatched while the engine held requests of other routers: their time is in
+        # this one's service time, so it teaches calibration nothing (``observe``).
+        self._foreign: set[str] = set()
         self._version = 0
 
     # -- prediction -------------------------------------------------------------------
@@ -233,8 +236,10 @@ class Locality(BasePolicy):
     def choose(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision:
         candidates = rendezvous_rank(request.session, self.candidates(request, replicas))
         estimates = {r.id: self._estimate(request, r.id, r.waiting) for r in candidates}
-        # ``dispatched`` follows at once with the same request and state: it reuses these.
-        self._memo = (request.request_id, request.now, self._version, estimates)
+        # ``dispatched`` follows at once with the same request and state: it reuses these,
+        # and which replicas hold requests that are not this router's (below).
+        foreign = {r.id for r in candidates if r.running + r.waiting > r.in_flight}
+        self._memo = (request.request_id, request.now, self._version, estimates, foreign)
         least_work = min(e.load_s + e.prefill_s for e in estimates.values())
         w = self.config.work_weight
         # Extra work that copies a prefix others are reading right now is shared with them.
@@ -292,6 +297,8 @@ class Locality(BasePolicy):
         if (memo is not None and memo[0] == request.request_id and memo[1] == request.now
                 and memo[2] == self._version and decision.replica in memo[3]):
             est = memo[3][decision.replica]
+            if decision.replica in memo[4]:
+                self._foreign.add(request.request_id)
         else:  # a decision not made by this ``choose`` (a split's arm, a test)
             est = self._estimate(request, decision.replica, 0.0)
         self._memo = None
@@ -312,6 +319,8 @@ class Locality(BasePolicy):
         est = self._chosen.pop(rid, None)
         behind = rid in self._behind
         self._behind.discard(rid)
+        foreign = rid in self._foreign
+        self._foreign.discard(rid)
         if est is None:
             return  # already observed at its first token
         queue = self._queues[outcome.decision.replica]
@@ -331,7 +340,7 @@ class Locality(BasePolicy):
                                                else 0.8 * prev + 0.2 * service)
         elif not queued:
             return
-        if self.config.calibrate:
+        if self.config.calibrate and not foreign:
             terms = self.config.prior.terms(est.gpu_tokens + est.pool_tokens, est.new_tokens,
                                             est.pool_tokens)
             # A queued request's own time is the engine's scheduler's to split (batched

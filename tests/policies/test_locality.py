@@ -228,3 +228,22 @@ def test_a_copy_of_a_prefix_many_are_reading_is_charged_as_shared_work() -> None
                                residency=res, now=now)
             chosen[readers, shared] = policy.choose(view, reps("a", "b")).replica
     assert chosen == {(0, True): "a", (0, False): "a", (8, True): "b", (8, False): "a"}
+
+
+def test_a_reply_slowed_by_another_routers_requests_teaches_calibration_nothing() -> None:
+    """Behind a load balancer, a router sees its own requests only; the engine's scraped
+    counts say when it holds others' too. A service time measured then includes their
+    prefills (with 4 routers on ``agents`` calibration learnt fixed x2.1 and load x0.26
+    from such replies, and lost 1.2x to ``least_loaded``), so it is not learnt from."""
+    learnt = {}
+    for running in (1.0, 3.0):  # the engine holds our one request, or two others as well
+        policy = Locality()
+        for i in range(6):
+            view = req(f"x{i}", 8192, session=f"s{i}", now=10.0 * i)
+            replica = ReplicaView(id="a", url="a", in_flight=1, running=running)
+            decision = policy.choose(view, [replica])
+            policy.dispatched(view, decision)
+            policy.observe(Outcome(view, decision, True, ttft_s=2.0, phase="first_token",
+                                   at=10.0 * i + 2.0))
+        learnt[running] = policy.calibration.observations
+    assert learnt == {1.0: 6, 3.0: 0}
