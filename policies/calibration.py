@@ -108,8 +108,8 @@ def _bound_covariance(p: list[list[float]], cap: float) -> None:
     pool-load term where nothing is loaded), and so would its next step. Clamping the
     diagonal alone left the covariances as they were: the matrix stopped being positive
     semi-definite, gains pointed the wrong way, and the factors ran between their bounds
-    on observations that matched the prior exactly (docqa, 4 replicas: from the
-    1,500th request on). Scaling row and column ``i`` by ``sqrt(cap / p[i][i])`` keeps
+    on observations that matched the prior exactly (docqa, 4 replicas: from about the
+    1,250th request on). Scaling row and column ``i`` by ``sqrt(cap / p[i][i])`` keeps
     the matrix symmetric positive semi-definite (a congruence) and every correlation as
     it was."""
     scale = [min(1.0, math.sqrt(cap / p[i][i])) if p[i][i] > 0 else 1.0 for i in range(4)]

@@ -22,6 +22,10 @@ add recomputes when the fleet was short of capacity (``least_loaded`` collapses 
 multiplier on the difference instead herded a tenant's sessions onto the replica holding
 its system prompt (6x worse p90 at the knee of the gauntlet's ``tenants`` workload): the
 per-replica ``q(r)`` charges work where it will wait, on the busy replica as on the idle.
+Shared copies (``shared_copies``): the extra-work charge is divided by 1 + the request's
+``Residency.readers`` (the router's unsettled requests holding its longest indexed
+prefix): a copy of a document many are reading right now serves them all, and charged
+as one request's loss it waited until the holder's queue was twice its prefill long.
 Own dispatch log (``_SessionLog``): the router records a session's replica and prefix
 only when its reply ends, a queueing delay after the decision; a next turn arriving
 meanwhile would look new and cold and be scattered by load. The policy therefore takes
@@ -63,8 +67,10 @@ Calibration (``policies.calibration``): each first token gives an observed servi
 fleet's factor on each term of the cost model and each replica's bounded deviation (from
 requests served alone, or from a run of queued requests as one total: an engine that
 batches prefills answers those together), so the prior (the study fit) adapts to the hardware, a
-prior wrong in one term, or an emulator's time scale. ``choose`` is pure: time comes from
-``RequestView.now``.
+prior wrong in one term, or an emulator's time scale. A request dispatched while the
+engine's scraped counts (running + waiting) exceeded this router's in-flight there was
+served among other routers' requests, whose prefills are in its service time: it teaches
+calibration nothing. ``choose`` is pure: time comes from ``RequestView.now``.
 """
 
 from __future__ import annotations
@@ -201,7 +207,8 @@ class Locality(BasePolicy):
         self._service_mean: dict[str, float] = {}
         self._sessions = _SessionLog()
         # choose's estimates for the ``dispatched`` that follows it: (request id, now,
-        # state version, estimates); any state change bumps the version.
+        # state version, estimates, replicas holding other routers' requests); any state
+        # change bumps the version.
         self._memo: tuple[str, float, int, dict[str, Estimate], set[str]] | None = None
         # Dispatched while the engine held requests of other routers: their time is in
         # this one's service time, so it teaches calibration nothing (``observe``).
