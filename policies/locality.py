@@ -70,7 +70,8 @@ batches prefills answers those together), so the prior (the study fit) adapts to
 prior wrong in one term, or an emulator's time scale. A request dispatched while the
 engine's scraped counts (running + waiting) exceeded this router's in-flight there was
 served among other routers' requests, whose prefills are in its service time: it teaches
-calibration nothing. ``choose`` is pure: time comes from ``RequestView.now``.
+calibration nothing. ``choose`` is pure (it only memoises its estimates for the
+``dispatched`` that follows, which no decision reads): time comes from ``RequestView.now``.
 """
 
 from __future__ import annotations
