@@ -79,7 +79,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import islice
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from policies.base import BasePolicy, Decision, Outcome, ReplicaView, RequestView
 from policies.calibration import Calibration
@@ -149,6 +149,29 @@ class _SessionLog:
         return entry[1] if entry is not None and entry[0] == replica else 0
 
 
+class _Dispatch(NamedTuple):
+    """A dispatched request until its first token: the estimate it was sent on; ``behind``:
+    others of ours were still pending on its replica; ``foreign``: the engine held other
+    routers' requests (their time is in its service time, so it teaches calibration
+    nothing, ``observe``)."""
+
+    estimate: Estimate
+    behind: bool
+    foreign: bool
+
+
+class _Memo(NamedTuple):
+    """``choose``'s estimates for the ``dispatched`` that follows it, valid for the same
+    request, time and state ``version``; ``foreign``: the candidates whose engine held
+    other routers' requests."""
+
+    request_id: str
+    now: float
+    version: int
+    estimates: dict[str, Estimate]
+    foreign: set[str]
+
+
 @dataclass(slots=True)
 class _Queue:
     """This policy's requests on one replica still before their first token, FIFO.
@@ -203,18 +226,11 @@ class Locality(BasePolicy):
         c = self.config
         self.calibration = Calibration(alpha=c.alpha, warmup=c.warmup, clip=c.clip)
         self._queues: dict[str, _Queue] = {}
-        self._chosen: dict[str, Estimate] = {}
-        self._behind: set[str] = set()  # dispatched while others of ours were still pending
+        self._dispatches: dict[str, _Dispatch] = {}  # until observed at its first token
         self._service_mean: dict[str, float] = {}
         self._sessions = _SessionLog()
-        # choose's estimates for the ``dispatched`` that follows it: (request id, now,
-        # state version, estimates, replicas holding other routers' requests); any state
-        # change bumps the version.
-        self._memo: tuple[str, float, int, dict[str, Estimate], set[str]] | None = None
-        # Dispatched while the engine held requests of other routers: their time is in
-        # this one's service time, so it teaches calibration nothing (``observe``).
-        self._foreign: set[str] = set()
-        self._version = 0
+        self._memo: _Memo | None = None
+        self._version = 0  # bumped by every state change: a memo of another state is stale
 
     # -- prediction -------------------------------------------------------------------
     def estimate(self, request: RequestView, replica: ReplicaView) -> Estimate:
@@ -247,7 +263,7 @@ class Locality(BasePolicy):
         # ``dispatched`` follows at once with the same request and state: it reuses these,
         # and which replicas hold requests that are not this router's (below).
         foreign = {r.id for r in candidates if r.running + r.waiting > r.in_flight}
-        self._memo = (request.request_id, request.now, self._version, estimates, foreign)
+        self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign)
         least_work = min(e.load_s + e.prefill_s for e in estimates.values())
         w = self.config.work_weight
         # Extra work that copies a prefix others are reading right now is shared with them.
@@ -302,20 +318,18 @@ class Locality(BasePolicy):
     # -- state changes ------------------------------------------------------------------
     def dispatched(self, request: RequestView, decision: Decision) -> None:
         memo = self._memo
-        if (memo is not None and memo[0] == request.request_id and memo[1] == request.now
-                and memo[2] == self._version and decision.replica in memo[3]):
-            est = memo[3][decision.replica]
-            if decision.replica in memo[4]:
-                self._foreign.add(request.request_id)
+        if (memo is not None and memo.request_id == request.request_id
+                and memo.now == request.now and memo.version == self._version
+                and decision.replica in memo.estimates):
+            est = memo.estimates[decision.replica]
+            foreign = decision.replica in memo.foreign
         else:  # a decision not made by this ``choose`` (a split's arm, a test)
-            est = self._estimate(request, decision.replica, 0.0)
+            est, foreign = self._estimate(request, decision.replica, 0.0), False
         self._memo = None
         self._version += 1
         queue = self._queues.setdefault(decision.replica, _Queue())
-        if queue.pending:
-            self._behind.add(request.request_id)
+        self._dispatches[request.request_id] = _Dispatch(est, bool(queue.pending), foreign)
         queue.push(request.request_id, request.now, est.load_s + est.prefill_s)
-        self._chosen[request.request_id] = est
         self._sessions.sent(request.session, decision.replica, request.prompt_tokens,
                             request.request_id)
 
@@ -324,13 +338,10 @@ class Locality(BasePolicy):
         rid = outcome.request.request_id
         if outcome.phase == "done" or not outcome.ok:
             self._sessions.finished(outcome.request.session, rid)
-        est = self._chosen.pop(rid, None)
-        behind = rid in self._behind
-        self._behind.discard(rid)
-        foreign = rid in self._foreign
-        self._foreign.discard(rid)
-        if est is None:
+        dispatch = self._dispatches.pop(rid, None)
+        if dispatch is None:
             return  # already observed at its first token
+        est, behind, foreign = dispatch
         queue = self._queues[outcome.decision.replica]
         sent, _ = queue.pop(rid, (outcome.request.now, 0.0))
         if not outcome.ok or outcome.ttft_s is None:
