@@ -91,14 +91,15 @@ TERM_NAMES = ("fixed", "linear", "attention", "load")
 
 def _rls_step(theta: list[float], p: list[list[float]], z: list[float], error: float,
               forget: float) -> None:
-    """One recursive-least-squares update of ``theta`` and its covariance ``p`` in place."""
-    pz = [sum(p[i][j] * z[j] for j in range(4)) for i in range(4)]
-    denom = forget + sum(z[i] * pz[i] for i in range(4))
-    gain = [v / denom for v in pz]
-    for i in range(4):
-        theta[i] += gain[i] * error
-        for j in range(4):
-            p[i][j] = (p[i][j] - gain[i] * pz[j]) / forget
+    """One recursive-least-squares update of ``theta`` and its covariance ``p`` in place.
+    (Written out for four terms: it runs once per reply.)"""
+    z0, z1, z2, z3 = z
+    pz = [r[0] * z0 + r[1] * z1 + r[2] * z2 + r[3] * z3 for r in p]
+    denom = forget + (z0 * pz[0] + z1 * pz[1] + z2 * pz[2] + z3 * pz[3])
+    for i, row in enumerate(p):
+        gain = pz[i] / denom
+        theta[i] += gain * error
+        row[:] = [(row[j] - gain * pz[j]) / forget for j in range(4)]
 
 
 def _bound_covariance(p: list[list[float]], cap: float) -> None:
@@ -112,10 +113,12 @@ def _bound_covariance(p: list[list[float]], cap: float) -> None:
     1,250th request on). Scaling row and column ``i`` by ``sqrt(cap / p[i][i])`` keeps
     the matrix symmetric positive semi-definite (a congruence) and every correlation as
     it was."""
+    if all(p[i][i] <= cap for i in range(4)):
+        return  # the common case: nothing to scale
     scale = [min(1.0, math.sqrt(cap / p[i][i])) if p[i][i] > 0 else 1.0 for i in range(4)]
-    for i in range(4):
-        for j in range(4):
-            p[i][j] *= scale[i] * scale[j]
+    for i, row in enumerate(p):
+        si = scale[i]
+        row[:] = [v * (si * sj) for v, sj in zip(row, scale, strict=True)]
 
 
 @dataclass(slots=True)
@@ -259,8 +262,8 @@ class Calibration:
         # Like for like: unqueued requests while every replica has enough of them (no
         # batching in them), else runs (a busy fleet, where nothing is served alone).
         alone, runs = self._evidence["alone"], self._evidence["runs"]
-        enough = all(rid in alone and alone[rid][0][0] + alone[rid][1][0] >= self.alone_min
-                     for rid in (runs.keys() | alone.keys()))
+        enough = (all(rid in alone for rid in runs)
+                  and all(a[0][0] + a[1][0] >= self.alone_min for a in alone.values()))
         self._deviations(alone if enough else runs)
 
     def _deviations(self, evidence: dict[str, tuple[list[float], list[float]]]) -> None:

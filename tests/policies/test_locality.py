@@ -95,6 +95,46 @@ def test_predicted_work_expires_with_time() -> None:
     assert early.wait_s > 25 and late.wait_s == 0.0
 
 
+def test_the_wait_is_the_fifo_walk_over_what_is_queued_whatever_leaves_when() -> None:
+    """The queue's walk is kept incrementally (two stacks): after any mix of joins,
+    first tokens at the head, out of order, and failures, the predicted wait is the walk
+    itself, recomputed here from its definition over the requests still queued."""
+    import random
+
+    rng = random.Random(7)
+    policy = Locality(LocalityConfig(calibrate=False))
+    queued: list[tuple[RequestView, Decision, float]] = []  # FIFO: request, decision, service
+    last_first_token = float("-inf")
+    now, busy = 0.0, 0
+    for i in range(600):
+        now += rng.expovariate(1.0)
+        if rng.random() < 0.55 or not queued:
+            r = req(f"q{i}", rng.choice((512, 4096, 32_768)), now=now, session=f"s{i}")
+            service = policy.estimate(r, reps("a")[0])
+            queued.append((r, Decision("a", "miss"), service.load_s + service.prefill_s))
+            policy.dispatched(r, Decision("a", "miss"))
+        else:
+            k = 0 if rng.random() < 0.7 else rng.randrange(len(queued))  # mostly the head
+            r, d, _ = queued.pop(k)
+            ok = rng.random() < 0.9
+            policy.observe(Outcome(r, d, ok=ok, ttft_s=now - r.now if ok else None, at=now))
+            last_first_token = max(last_first_token, now) if ok else last_first_token
+        # A decision's time may be before the last dispatch's (its index lookup awaited
+        # Redis meanwhile): then a later request's send time is where the walk resumes.
+        probe = now + rng.uniform(-2.0, 2.0)
+        if queued:
+            head, _, service = queued[0]
+            cursor = max(max(last_first_token, head.now) + service, probe)
+            for r, _, service in queued[1:]:
+                cursor = max(cursor, r.now) + service
+        else:
+            cursor = last_first_token
+        wait = policy.estimate(req("p", 64, now=probe, session="p"), reps("a")[0]).wait_s
+        assert wait == pytest.approx(max(0.0, cursor - probe), rel=1e-9, abs=1e-9)
+        busy += wait > 0 and len(queued) > 2
+    assert busy > 200  # the walk was long and mattered, not an idle replica's 0
+
+
 def test_observe_releases_the_replica_and_calibrates() -> None:
     policy = Locality()
     scale = 0.01  # an emulator running at time scale 0.01
