@@ -43,11 +43,14 @@ as under ``fixed``.
 
 Ties: replicas whose scores are within ``tie_margin`` (relative) of the best are not told
 apart by a model made of estimates (deviations of identical replicas differ by 10-20 %
-from noise alone); among them the one with the fewest of our requests queued wins, then
-the session's rendezvous order. Without it, two equally good replicas are decided by
-whichever the calibration believes a few percent faster, every time, and at low load
-nearly every request is such a tie (``tests/policies/test_locality.py``; on the vLLM CPU
-pair the rule made no measurable difference to the split, docs/locality.md).
+from noise alone); among them the fewest of our requests queued wins, then the fewest in
+flight (replies still streaming: sessions placed there will come back; by hash order
+alone, long agent sessions piled up 46 to 188 requests per replica), then the session's
+rendezvous order (the only order when another router's requests are on a candidate: a
+session new to this router may be one another router placed, and the hash order is the
+one all routers agree on). Without it, the replica the calibration believes faster
+wins every tie, and at low load nearly every request is one
+(``tests/policies/test_locality.py``).
 
 Wait (FIFO, one prefill at a time per replica, as vLLM schedules long prefills): the
 requests this policy dispatched to ``r`` and whose first token has not arrived form a
@@ -83,6 +86,7 @@ from typing import Any, ClassVar, NamedTuple
 from policies.base import BasePolicy, Decision, Outcome, ReplicaView, RequestView
 from policies.calibration import Calibration
 from policies.cost import STUDY_PRIOR, CostParams, Estimate, split_tokens
+from policies.fifo_queue import FifoQueue
 from policies.hashing import rendezvous_rank
 
 
@@ -171,74 +175,6 @@ class _Memo(NamedTuple):
     foreign: set[str]
 
 
-Walk = tuple[float, float]  # x -> max(x + B, A): (B, A)
-_NO_WALK: Walk = (0.0, float("-inf"))  # the identity map
-
-
-def _then(first: Walk, second: Walk) -> Walk:
-    """The walk through ``first``'s requests, then ``second``'s (the maps composed)."""
-    return first[0] + second[0], max(first[1] + second[0], second[1])
-
-
-@dataclass(slots=True)
-class _Queue:
-    """This policy's requests on one replica still before their first token, FIFO.
-
-    Each request is a map ``x -> max(x, sent) + service`` (it starts when the one before it
-    ends, or when it was sent) = ``x -> max(x + B, A)``, ``B`` its service, ``A`` where it
-    ends whatever the walk started from; maps compose to maps of the same form
-    (``_then``). ``wait`` needs the walk behind the head, and requests join at the back and
-    mostly leave at the head, so the queue is two stacks (the sliding-window aggregate):
-    ``_back``, joined since, with its whole walk; ``_front``, oldest last, each entry with
-    its walk through the newest entry of ``_front``. Join and leave at the head are O(1);
-    ``_front`` runs dry once per pass of the queue and is refilled from ``pending`` in
-    O(queued); a request leaving out of order (a batched engine's first tokens) refills
-    it too. ``wait`` is then O(1) at every decision, not O(queued) (64 queued on each of
-    16 replicas cost 170 us a decision when the walk was refolded after every leave).
-    """
-
-    pending: dict[str, tuple[float, float]] = field(default_factory=dict)  # id -> (sent, s)
-    last_first_token: float = float("-inf")
-    _front: list[tuple[str, Walk]] = field(default_factory=list)
-    _back: list[str] = field(default_factory=list)
-    _back_walk: Walk = _NO_WALK
-
-    def push(self, request_id: str, sent: float, service: float) -> None:
-        self.pending[request_id] = (sent, service)
-        self._back.append(request_id)
-        self._back_walk = _then(self._back_walk, (service, sent + service))
-
-    def pop(self, request_id: str, default: tuple[float, float]) -> tuple[float, float]:
-        entry = self.pending.pop(request_id, None)
-        if entry is None:
-            return default
-        if self._front and self._front[-1][0] == request_id:
-            self._front.pop()
-        else:
-            self._refill()
-        return entry
-
-    def _refill(self) -> None:
-        """Every pending request into ``_front``, newest first, each with its walk."""
-        walk, front = _NO_WALK, []
-        for rid, (sent, service) in reversed(self.pending.items()):
-            walk = _then((service, sent + service), walk)
-            front.append((rid, walk))
-        self._front, self._back, self._back_walk = front, [], _NO_WALK
-
-    def wait(self, now: float) -> float:
-        if not self.pending:
-            return max(0.0, self.last_first_token - now)
-        if not self._front:
-            self._refill()
-        front = self._front
-        sent, service = self.pending[front[-1][0]]
-        # An overdue head is assumed about to finish.
-        cursor = max(max(self.last_first_token, sent) + service, now)
-        total, floor = _then(front[-2][1], self._back_walk) if len(front) > 1 else self._back_walk
-        return max(0.0, max(cursor + total, floor) - now)
-
-
 class Locality(BasePolicy):
     name: ClassVar[str] = "locality"
     config_cls: ClassVar[type[LocalityConfig]] = LocalityConfig
@@ -247,7 +183,7 @@ class Locality(BasePolicy):
         self.config = config or LocalityConfig()
         c = self.config
         self.calibration = Calibration(alpha=c.alpha, warmup=c.warmup, clip=c.clip)
-        self._queues: dict[str, _Queue] = {}
+        self._queues: dict[str, FifoQueue] = {}
         self._dispatches: dict[str, _Dispatch] = {}  # until observed at its first token
         self._service_mean: dict[str, float] = {}
         self._sessions = _SessionLog()
@@ -299,11 +235,18 @@ class Locality(BasePolicy):
                            + w * queued * service)
         low = min(scores.values())
         # Scores within tie_margin of the best are not told apart by a model made of
-        # estimates: among them the fewest of our requests queued, then the session's
-        # rendezvous order (``min`` is stable), never one replica's systematic edge.
+        # estimates: among them the fewest of our requests queued, then in flight (not
+        # where other routers send too: a session new to us may be theirs, and the hash
+        # order is the placement all routers agree on), then the session's rendezvous
+        # order (``min`` is stable), never one replica's edge.
         bound = low * (1 + self.config.tie_margin)
-        tied = [r.id for r in candidates if scores[r.id] <= bound]
-        best = tied[0] if len(tied) == 1 else min(tied, key=self._pending)
+        tied = [r for r in candidates if scores[r.id] <= bound]
+        if len(tied) == 1:
+            best = tied[0].id
+        elif foreign:
+            best = min(tied, key=lambda r: self._pending(r.id)).id
+        else:
+            best = min(tied, key=lambda r: (self._pending(r.id), r.in_flight)).id
         stay = self._sessions.replica(request.session) or request.last_replica
         if stay in estimates:
             kept = scores[stay]
@@ -349,7 +292,7 @@ class Locality(BasePolicy):
             est, foreign = self._estimate(request, decision.replica, 0.0), False
         self._memo = None
         self._version += 1
-        queue = self._queues.setdefault(decision.replica, _Queue())
+        queue = self._queues.setdefault(decision.replica, FifoQueue())
         self._dispatches[request.request_id] = _Dispatch(est, bool(queue.pending), foreign)
         queue.push(request.request_id, request.now, est.load_s + est.prefill_s)
         self._sessions.sent(request.session, decision.replica, request.prompt_tokens,

@@ -1,0 +1,77 @@
+"""A replica's queue of requests before their first token, and the FIFO walk over it.
+
+``policies.locality`` predicts a request's wait on a replica as where this walk ends: one
+prefill at a time, each request starting when the one before it ends or when it was sent,
+as vLLM schedules long prefills.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+Walk = tuple[float, float]  # x -> max(x + B, A): (B, A)
+NO_WALK: Walk = (0.0, float("-inf"))  # the identity map
+
+
+def then(first: Walk, second: Walk) -> Walk:
+    """The walk through ``first``'s requests, then ``second``'s (the maps composed)."""
+    return first[0] + second[0], max(first[1] + second[0], second[1])
+
+
+@dataclass(slots=True)
+class FifoQueue:
+    """A policy's requests on one replica still before their first token, FIFO.
+
+    Each request is a map ``x -> max(x, sent) + service`` (it starts when the one before it
+    ends, or when it was sent) = ``x -> max(x + B, A)``, ``B`` its service, ``A`` where it
+    ends whatever the walk started from; maps compose to maps of the same form
+    (``then``). ``wait`` needs the walk behind the head, and requests join at the back and
+    mostly leave at the head, so the queue is two stacks (the sliding-window aggregate):
+    ``_back``, joined since, with its whole walk; ``_front``, oldest last, each entry with
+    its walk through the newest entry of ``_front``. Join and leave at the head are O(1);
+    ``_front`` runs dry once per pass of the queue and is refilled from ``pending`` in
+    O(queued); a request leaving out of order (a batched engine's first tokens) refills
+    it too. ``wait`` is then O(1) at every decision, not O(queued) as when the walk was
+    refolded after every leave (``bench/decision_latency.py``, docs/locality.md).
+    """
+
+    pending: dict[str, tuple[float, float]] = field(default_factory=dict)  # id -> (sent, s)
+    last_first_token: float = float("-inf")
+    _front: list[tuple[str, Walk]] = field(default_factory=list)
+    _back: list[str] = field(default_factory=list)
+    _back_walk: Walk = NO_WALK
+
+    def push(self, request_id: str, sent: float, service: float) -> None:
+        self.pending[request_id] = (sent, service)
+        self._back.append(request_id)
+        self._back_walk = then(self._back_walk, (service, sent + service))
+
+    def pop(self, request_id: str, default: tuple[float, float]) -> tuple[float, float]:
+        entry = self.pending.pop(request_id, None)
+        if entry is None:
+            return default
+        if self._front and self._front[-1][0] == request_id:
+            self._front.pop()
+        else:
+            self._refill()
+        return entry
+
+    def _refill(self) -> None:
+        """Every pending request into ``_front``, newest first, each with its walk."""
+        walk, front = NO_WALK, []
+        for rid, (sent, service) in reversed(self.pending.items()):
+            walk = then((service, sent + service), walk)
+            front.append((rid, walk))
+        self._front, self._back, self._back_walk = front, [], NO_WALK
+
+    def wait(self, now: float) -> float:
+        if not self.pending:
+            return max(0.0, self.last_first_token - now)
+        if not self._front:
+            self._refill()
+        front = self._front
+        sent, service = self.pending[front[-1][0]]
+        # An overdue head is assumed about to finish.
+        cursor = max(max(self.last_first_token, sent) + service, now)
+        total, floor = then(front[-2][1], self._back_walk) if len(front) > 1 else self._back_walk
+        return max(0.0, max(cursor + total, floor) - now)
