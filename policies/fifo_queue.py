@@ -30,9 +30,10 @@ class FifoQueue:
     ``_back``, joined since, with its whole walk; ``_front``, oldest last, each entry with
     its walk through the newest entry of ``_front``. Join and leave at the head are O(1);
     ``_front`` runs dry once per pass of the queue and is refilled from ``pending`` in
-    O(queued); a request leaving out of order (a batched engine's first tokens) refills
-    it too. ``wait`` is then O(1) at every decision, not O(queued) as when the walk was
-    refolded after every leave (``bench/decision_latency.py``, docs/locality.md).
+    O(queued). A request leaving out of order (a batched engine's first tokens come
+    near the head, in any order) costs the walks of the requests older than it in
+    ``_front``, or a refold of ``_back``. ``wait`` is O(1) at every decision, not
+    O(queued) as when the walk was refolded after every leave.
     """
 
     pending: dict[str, tuple[float, float]] = field(default_factory=dict)  # id -> (sent, s)
@@ -50,11 +51,33 @@ class FifoQueue:
         entry = self.pending.pop(request_id, None)
         if entry is None:
             return default
-        if self._front and self._front[-1][0] == request_id:
-            self._front.pop()
-        else:
-            self._refill()
+        front = self._front
+        if front and front[-1][0] == request_id:
+            front.pop()
+            return entry
+        # Out of order: found from the head end, where a batched engine's first tokens are.
+        for k in range(len(front) - 2, -1, -1):
+            if front[k][0] == request_id:
+                del front[k]
+                self._rewalk(k)
+                return entry
+        self._back.remove(request_id)
+        walk = NO_WALK
+        for rid in self._back:
+            sent, service = self.pending[rid]
+            walk = then(walk, (service, sent + service))
+        self._back_walk = walk
         return entry
+
+    def _rewalk(self, k: int) -> None:
+        """The walks of ``_front[k:]`` (older than a request that left), again."""
+        front = self._front
+        walk = front[k - 1][1] if k else NO_WALK
+        for i in range(k, len(front)):
+            rid = front[i][0]
+            sent, service = self.pending[rid]
+            walk = then((service, sent + service), walk)
+            front[i] = (rid, walk)
 
     def _refill(self) -> None:
         """Every pending request into ``_front``, newest first, each with its walk."""
