@@ -266,6 +266,12 @@ def test_a_new_session_goes_where_fewer_of_ours_are_in_flight_when_the_scores_ti
     chosen = [policy.choose(req(str(i), 20_000, session=f"s{i}"), level).replica
               for i in range(200)]
     assert 70 < chosen.count("a") < 130  # level again: the session's order, about half each
+    # Another router's requests on a (its engine runs more than our three): a session new
+    # to us may be one that router placed, so the hash order every router shares decides.
+    shared = [ReplicaView(id="a", url="a", in_flight=3, running=5), ReplicaView(id="b", url="b")]
+    chosen = [policy.choose(req(str(i), 20_000, session=f"s{i}"), shared).replica
+              for i in range(200)]
+    assert 70 < chosen.count("a") < 130
 
 
 def test_a_copy_of_a_prefix_many_are_reading_is_charged_as_shared_work() -> None:
