@@ -110,8 +110,8 @@ def test_the_wait_is_the_fifo_walk_over_what_is_queued_whatever_leaves_when() ->
         now += rng.expovariate(1.0)
         if rng.random() < 0.55 or not queued:
             r = req(f"q{i}", rng.choice((512, 4096, 32_768)), now=now, session=f"s{i}")
-            service = policy.estimate(r, reps("a")[0])
-            queued.append((r, Decision("a", "miss"), service.load_s + service.prefill_s))
+            est = policy.estimate(r, reps("a")[0])
+            queued.append((r, Decision("a", "miss"), est.load_s + est.prefill_s))
             policy.dispatched(r, Decision("a", "miss"))
         else:
             k = 0 if rng.random() < 0.7 else rng.randrange(len(queued))  # mostly the head
