@@ -70,7 +70,7 @@ class FifoQueue:
         return entry
 
     def _rewalk(self, k: int) -> None:
-        """The walks of ``_front[k:]`` (older than a request that left), again."""
+        """The walks of ``_front[k:]`` (older than a request that left, or all), again."""
         front = self._front
         walk = front[k - 1][1] if k else NO_WALK
         for i in range(k, len(front)):
@@ -81,11 +81,9 @@ class FifoQueue:
 
     def _refill(self) -> None:
         """Every pending request into ``_front``, newest first, each with its walk."""
-        walk, front = NO_WALK, []
-        for rid, (sent, service) in reversed(self.pending.items()):
-            walk = then((service, sent + service), walk)
-            front.append((rid, walk))
-        self._front, self._back, self._back_walk = front, [], NO_WALK
+        self._front = [(rid, NO_WALK) for rid in reversed(self.pending)]
+        self._back, self._back_walk = [], NO_WALK
+        self._rewalk(0)
 
     def wait(self, now: float) -> float:
         if not self.pending:

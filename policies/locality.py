@@ -241,12 +241,7 @@ class Locality(BasePolicy):
         # order (``min`` is stable), never one replica's edge.
         bound = low * (1 + self.config.tie_margin)
         tied = [r for r in candidates if scores[r.id] <= bound]
-        if len(tied) == 1:
-            best = tied[0].id
-        elif foreign:
-            best = min(tied, key=lambda r: self._pending(r.id)).id
-        else:
-            best = min(tied, key=lambda r: (self._pending(r.id), r.in_flight)).id
+        best = min(tied, key=lambda r: (self._pending(r.id), 0 if foreign else r.in_flight)).id
         stay = self._sessions.replica(request.session) or request.last_replica
         if stay in estimates:
             kept = scores[stay]
