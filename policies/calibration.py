@@ -95,11 +95,15 @@ def _rls_step(theta: list[float], p: list[list[float]], z: list[float], error: f
     (Written out for four terms: it runs once per reply.)"""
     z0, z1, z2, z3 = z
     pz = [r[0] * z0 + r[1] * z1 + r[2] * z2 + r[3] * z3 for r in p]
-    denom = forget + (z0 * pz[0] + z1 * pz[1] + z2 * pz[2] + z3 * pz[3])
+    pz0, pz1, pz2, pz3 = pz
+    denom = forget + (z0 * pz0 + z1 * pz1 + z2 * pz2 + z3 * pz3)
     for i, row in enumerate(p):
         gain = pz[i] / denom
         theta[i] += gain * error
-        row[:] = [(row[j] - gain * pz[j]) / forget for j in range(4)]
+        row[0] = (row[0] - gain * pz0) / forget
+        row[1] = (row[1] - gain * pz1) / forget
+        row[2] = (row[2] - gain * pz2) / forget
+        row[3] = (row[3] - gain * pz3) / forget
 
 
 def _bound_covariance(p: list[list[float]], cap: float) -> None:
@@ -113,12 +117,21 @@ def _bound_covariance(p: list[list[float]], cap: float) -> None:
     1,250th request on). Scaling row and column ``i`` by ``sqrt(cap / p[i][i])`` keeps
     the matrix symmetric positive semi-definite (a congruence) and every correlation as
     it was."""
-    if all(p[i][i] <= cap for i in range(4)):
-        return  # the common case: nothing to scale
-    scale = [min(1.0, math.sqrt(cap / p[i][i])) if p[i][i] > 0 else 1.0 for i in range(4)]
+    big = [i for i in range(4) if p[i][i] > cap]
+    if not big:
+        return
+    # Only the rows and columns of the variances over the cap change (a variance that
+    # no request excites stays there: every step of a fleet with no pool scales one).
+    scale = [1.0] * 4
+    for i in big:
+        scale[i] = min(1.0, math.sqrt(cap / p[i][i]))
     for i, row in enumerate(p):
         si = scale[i]
-        row[:] = [v * (si * sj) for v, sj in zip(row, scale, strict=True)]
+        if i in big:
+            row[:] = [v * (si * sj) for v, sj in zip(row, scale, strict=True)]
+        else:
+            for j in big:
+                row[j] = row[j] * (si * scale[j])
 
 
 @dataclass(slots=True)
@@ -241,8 +254,9 @@ class Calibration:
              terms[2] * dev_pre / service, terms[3] * dev_load / service]
         _rls_step(self.term_scale, self._cov, z, ratio - 1.0, self.forget)
         low, high = self._base / self.max_term, self._base * self.max_term
-        for i in range(4):  # a term never excited must not drift, nor go negative
-            self.term_scale[i] = max(low, min(high, self.term_scale[i]))
+        for i, v in enumerate(self.term_scale):  # a term never excited must not drift,
+            if not low <= v <= high:               # nor go negative
+                self.term_scale[i] = max(low, min(high, v))
         _bound_covariance(self._cov, 4.0 * self._base ** 2)
 
     def _update_replica(self, kind: str, replica: str, share_load: float, r: float) -> None:
@@ -300,3 +314,36 @@ class Calibration:
                                    "load_deviation": math.exp(self.log_load.get(rid, 0.0)),
                                    "observations": self.count[rid]}
                              for rid in sorted(self.count)}}
+
+
+@dataclass(slots=True)
+class Stride:
+    """Which of a replica's replies teach calibration: every ``k``-th, ``k`` = the
+    replica's reply rate over ``rate`` (at least 1), the rate an EWMA (weight ``1/16``)
+    of the intervals between its replies.
+
+    A reply costs calibration ~12 us of CPU in a loop, ~50 us inside the router (its
+    working set out of cache); at thousands of short replies per second on a fast engine
+    that is a sixth of the router's CPU per request, and the replies teach nothing new: with forgetting per sample, the memory of the fit shrinks
+    to a fraction of a second. Every ``k``-th by count, not the first after each
+    ``1/rate`` seconds: picking by time favours the replies that ended long intervals, and
+    in a busy FIFO a reply's service is its interval, so the fit would learn that the
+    replica is slower than it is. An engine's replies at LLM rates (below ``rate``) all
+    teach."""
+
+    rate: float
+    last: float = float("nan")
+    interval: float = float("inf")
+    countdown: int = 0
+
+    def take(self, at: float) -> bool:
+        if self.last == self.last:  # not the first reply (nan != nan)
+            gap = max(0.0, at - self.last)
+            self.interval = gap if self.interval == float("inf") else (
+                self.interval + (gap - self.interval) / 16)
+        self.last = at
+        self.countdown -= 1
+        if self.countdown > 0:
+            return False
+        self.countdown = max(1, int(1.0 / (self.interval * self.rate))) if self.interval > 0 else 1
+        return True

@@ -70,7 +70,8 @@ Calibration (``policies.calibration``): each first token gives an observed servi
 fleet's factor on each term of the cost model and each replica's bounded deviation (from
 requests served alone, or from a run of queued requests as one total: an engine that
 batches prefills answers those together), so the prior (the study fit) adapts to the hardware, a
-prior wrong in one term, or an emulator's time scale. A request dispatched while the
+prior wrong in one term, or an emulator's time scale; beyond ``calibration_rate`` replies a
+second on a replica, one in every k teaches (``Stride``). A request dispatched while the
 engine's scraped counts (running + waiting) exceeded this router's in-flight there was
 served among other routers' requests, whose prefills are in its service time: it teaches
 calibration nothing. ``choose`` is pure (it only memoises its estimates for the
@@ -84,7 +85,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 from policies.base import BasePolicy, Decision, Outcome, ReplicaView, RequestView
-from policies.calibration import Calibration
+from policies.calibration import Calibration, Stride, Terms
 from policies.cost import STUDY_PRIOR, CostParams, Estimate, split_tokens
 from policies.fifo_queue import FifoQueue
 from policies.hashing import rendezvous_rank
@@ -101,7 +102,9 @@ class LocalityConfig:
     within it (relative) of the best are ties, broken by balance; ``distrust``: the relative
     margin grows by this times the calibrated model's own error; ``calibrate``: learn online;
     ``alpha``/``warmup``/``clip``: see ``Calibration``; ``shared_copies``: the extra-work
-    charge is divided by 1 + the readers of the prefix it copies (``Residency.readers``)."""
+    charge is divided by 1 + the readers of the prefix it copies (``Residency.readers``);
+    ``calibration_rate``: replies per second per replica that teach calibration, beyond
+    which one in every k does (``Stride``; 0: every reply)."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -115,6 +118,7 @@ class LocalityConfig:
     warmup: int = 3
     clip: float = 4.0
     shared_copies: bool = True
+    calibration_rate: float = 100.0
 
 
 @dataclass(slots=True)
@@ -186,6 +190,7 @@ class Locality(BasePolicy):
         self._queues: dict[str, FifoQueue] = {}
         self._dispatches: dict[str, _Dispatch] = {}  # until observed at its first token
         self._service_mean: dict[str, float] = {}
+        self._strides: dict[str, Stride] = {}
         self._sessions = _SessionLog()
         self._memo: _Memo | None = None
         self._version = 0  # bumped by every state change: a memo of another state is stale
@@ -195,15 +200,23 @@ class Locality(BasePolicy):
         """The cost model's prediction for ``request`` on ``replica`` (module docstring)."""
         return self._estimate(request, replica.id, replica.waiting)
 
-    def _estimate(self, request: RequestView, rid: str, waiting: float) -> Estimate:
+    def _estimate(self, request: RequestView, rid: str, waiting: float,
+                  terms_of: dict[tuple[int, int, int], Terms] | None = None) -> Estimate:
+        """``terms_of``: the prior's terms by token split, shared by the replicas of one
+        decision (most hold the same prefix: none of it, or all of it via the pool)."""
         res = request.residency
         bt = res.block_tokens
-        gpu, load, new = split_tokens(request.prompt_tokens,
-                                      max(res.gpu_blocks(rid) * bt,
-                                          self._sessions.coming(request.session, rid)),
-                                      res.pool * bt)
-        load_s, prefill_s = self.calibration.predict(
-            rid, self.config.prior.terms(gpu + load, new, load))
+        split = split_tokens(request.prompt_tokens,
+                             max(res.gpu_blocks(rid) * bt,
+                                 self._sessions.coming(request.session, rid)),
+                             res.pool * bt)
+        gpu, load, new = split
+        terms = terms_of.get(split) if terms_of is not None else None
+        if terms is None:
+            terms = self.config.prior.terms(gpu + load, new, load)
+            if terms_of is not None:
+                terms_of[split] = terms
+        load_s, prefill_s = self.calibration.predict(rid, terms)
         queue = self._queues.get(rid)
         if queue is None:
             wait, own_waiting = 0.0, 0
@@ -216,20 +229,26 @@ class Locality(BasePolicy):
         return Estimate(rid, wait, load_s, prefill_s, gpu, load, new)
 
     def choose(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision:
-        candidates = rendezvous_rank(request.session, self.candidates(request, replicas))
-        estimates = {r.id: self._estimate(request, r.id, r.waiting) for r in candidates}
+        candidates = self.candidates(request, replicas)
+        terms_of: dict[tuple[int, int, int], Terms] = {}
+        estimates: dict[str, Estimate] = {}
         # ``dispatched`` follows at once with the same request and state: it reuses these,
         # and which replicas hold requests that are not this router's (below).
-        foreign = {r.id for r in candidates if r.running + r.waiting > r.in_flight}
+        foreign: set[str] = set()
+        for r in candidates:
+            estimates[r.id] = self._estimate(request, r.id, r.waiting, terms_of)
+            if r.running + r.waiting > r.in_flight:
+                foreign.add(r.id)
         self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign)
-        least_work = min(e.load_s + e.prefill_s for e in estimates.values())
+        services = {rid: e.load_s + e.prefill_s for rid, e in estimates.items()}
+        least_work = min(services.values())
         w = self.config.work_weight
         # Extra work that copies a prefix others are reading right now is shared with them.
         extra_w = w / (1 + request.residency.readers) if self.config.shared_copies else w
         mean_service = self._mean_service()
         scores: dict[str, float] = {}
         for rid, e in estimates.items():
-            service = e.load_s + e.prefill_s
+            service = services[rid]
             queued = e.wait_s / mean_service if mean_service > 0 else 0.0
             scores[rid] = (e.wait_s + e.load_s + e.prefill_s + extra_w * (service - least_work)
                            + w * queued * service)
@@ -241,7 +260,11 @@ class Locality(BasePolicy):
         # order (``min`` is stable), never one replica's edge.
         bound = low * (1 + self.config.tie_margin)
         tied = [r for r in candidates if scores[r.id] <= bound]
-        best = min(tied, key=lambda r: (self._pending(r.id), 0 if foreign else r.in_flight)).id
+        if len(tied) > 1:
+            tied = rendezvous_rank(request.session, tied)
+            best = min(tied, key=lambda r: (self._pending(r.id), 0 if foreign else r.in_flight)).id
+        else:
+            best = tied[0].id
         stay = self._sessions.replica(request.session) or request.last_replica
         if stay in estimates:
             kept = scores[stay]
@@ -287,7 +310,9 @@ class Locality(BasePolicy):
             est, foreign = self._estimate(request, decision.replica, 0.0), False
         self._memo = None
         self._version += 1
-        queue = self._queues.setdefault(decision.replica, FifoQueue())
+        queue = self._queues.get(decision.replica)
+        if queue is None:
+            queue = self._queues[decision.replica] = FifoQueue()
         self._dispatches[request.request_id] = _Dispatch(est, bool(queue.pending), foreign)
         queue.push(request.request_id, request.now, est.load_s + est.prefill_s)
         self._sessions.sent(request.session, decision.replica, request.prompt_tokens,
@@ -319,12 +344,21 @@ class Locality(BasePolicy):
                                                else 0.8 * prev + 0.2 * service)
         elif not queued:
             return
-        if self.config.calibrate and not foreign:
+        if self.config.calibrate and not foreign and self._teaches(est.replica, at):
             terms = self.config.prior.terms(est.gpu_tokens + est.pool_tokens, est.new_tokens,
                                             est.pool_tokens)
             # A queued request's own time is the engine's scheduler's to split (batched
             # prefills answer together); calibration counts its run's total instead.
             self.calibration.update(est.replica, terms, max(0.0, service), queued=queued)
+
+    def _teaches(self, replica: str, at: float) -> bool:
+        """Whether this reply on ``replica`` teaches calibration (``Stride``)."""
+        if self.config.calibration_rate <= 0:
+            return True
+        stride = self._strides.get(replica)
+        if stride is None:
+            stride = self._strides[replica] = Stride(self.config.calibration_rate)
+        return stride.take(at)
 
     def describe(self) -> dict[str, Any]:
         return {

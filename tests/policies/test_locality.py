@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+from collections import deque
 
 import pytest
 
@@ -310,3 +312,35 @@ def test_a_reply_slowed_by_another_routers_requests_teaches_calibration_nothing(
                                    at=10.0 * i + 2.0))
         learnt[running] = policy.calibration.observations
     assert learnt == {1.0: 6, 3.0: 0}
+
+
+def test_at_thousands_of_replies_a_second_one_in_k_teaches_calibration_without_bias() -> None:
+    """A busy replica replying ~2,000 times a second (short requests on a fast engine):
+    with ``calibration_rate`` 100 about one reply in 20 teaches calibration, and it
+    predicts the mean service as well as when every reply teaches. Picking replies by time
+    (the first after every 10 ms) would favour those that ended long intervals, and in a
+    busy FIFO a reply's service is its interval: it learnt the replica 2.2x slower."""
+    rng = random.Random(7)
+    services = [rng.expovariate(2000.0) for _ in range(8000)]
+    learnt: dict[float, tuple[int, float]] = {}
+    for rate in (0.0, 100.0):
+        policy = Locality(LocalityConfig(calibration_rate=rate))
+        sent: deque[tuple[RequestView, Decision]] = deque()
+        now = 0.0
+        for i, service in enumerate(services):
+            view = req(f"q{i}", 64, session=f"s{i % 50}", now=now)
+            decision = policy.choose(view, reps("a"))
+            policy.dispatched(view, decision)
+            sent.append((view, decision))
+            if len(sent) > 32:  # 32 in flight: each reply ends one service after the last
+                now += service
+                first, chosen = sent.popleft()
+                policy.observe(Outcome(first, chosen, True, ttft_s=now - first.now,
+                                       phase="first_token", at=now))
+        cal = policy.calibration
+        learnt[rate] = (cal.observations, sum(cal.predict("a", STUDY_PRIOR.terms(0, 64, 0))))
+    (every, predicted_every), (sampled, predicted_sampled) = learnt[0.0], learnt[100.0]
+    assert every > 7900 and 200 < sampled < 800
+    mean = sum(services) / len(services)
+    assert predicted_every == pytest.approx(mean, rel=0.15)
+    assert predicted_sampled == pytest.approx(mean, rel=0.15)
