@@ -324,12 +324,12 @@ class Stride:
 
     A reply costs calibration ~12 us of CPU in a loop, ~50 us inside the router (its
     working set out of cache); at thousands of short replies per second on a fast engine
-    that is a sixth of the router's CPU per request, and the replies teach nothing new: with forgetting per sample, the memory of the fit shrinks
-    to a fraction of a second. Every ``k``-th by count, not the first after each
-    ``1/rate`` seconds: picking by time favours the replies that ended long intervals, and
-    in a busy FIFO a reply's service is its interval, so the fit would learn that the
-    replica is slower than it is. An engine's replies at LLM rates (below ``rate``) all
-    teach."""
+    that is a sixth of the router's CPU per request, and those replies teach nothing new:
+    with forgetting per sample, the fit's memory shrinks to a fraction of a second. Every
+    ``k``-th by count, not the first after each ``1/rate`` seconds: picking by time
+    favours the replies that ended long intervals, and in a busy FIFO a reply's service
+    is its interval, so the fit would learn that the replica is slower than it is. An
+    engine's replies at LLM rates (below ``rate``) all teach."""
 
     rate: float
     last: float = float("nan")

@@ -207,12 +207,12 @@ class Locality(BasePolicy):
         res = request.residency
         bt = res.block_tokens
         split = split_tokens(request.prompt_tokens,
-                             max(res.gpu_blocks(rid) * bt,
+                             max(res.gpu.get(rid, 0) * bt,
                                  self._sessions.coming(request.session, rid)),
                              res.pool * bt)
-        gpu, load, new = split
         terms = terms_of.get(split) if terms_of is not None else None
         if terms is None:
+            gpu, load, new = split
             terms = self.config.prior.terms(gpu + load, new, load)
             if terms_of is not None:
                 terms_of[split] = terms
@@ -226,7 +226,7 @@ class Locality(BasePolicy):
             own_waiting = max(0, len(queue.pending) - 1)
         if waiting > own_waiting:
             wait += (waiting - own_waiting) * self._service_mean.get(rid, 0.0)
-        return Estimate(rid, wait, load_s, prefill_s, gpu, load, new)
+        return Estimate(rid, wait, load_s, prefill_s, *split)
 
     def choose(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision:
         candidates = self.candidates(request, replicas)
