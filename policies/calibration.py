@@ -332,18 +332,19 @@ class Stride:
     engine's replies at LLM rates (below ``rate``) all teach."""
 
     rate: float
-    last: float = float("nan")
-    interval: float = float("inf")
+    last: float | None = None  # the previous reply's time
+    interval: float | None = None  # EWMA of the intervals (None: fewer than two replies)
     countdown: int = 0
 
     def take(self, at: float) -> bool:
-        if self.last == self.last:  # not the first reply (nan != nan)
+        if self.last is not None:
             gap = max(0.0, at - self.last)
-            self.interval = gap if self.interval == float("inf") else (
+            self.interval = gap if self.interval is None else (
                 self.interval + (gap - self.interval) / 16)
         self.last = at
         self.countdown -= 1
         if self.countdown > 0:
             return False
-        self.countdown = max(1, int(1.0 / (self.interval * self.rate))) if self.interval > 0 else 1
+        self.countdown = (max(1, int(1.0 / (self.interval * self.rate)))
+                          if self.interval else 1)
         return True

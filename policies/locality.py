@@ -198,10 +198,10 @@ class Locality(BasePolicy):
     # -- prediction -------------------------------------------------------------------
     def estimate(self, request: RequestView, replica: ReplicaView) -> Estimate:
         """The cost model's prediction for ``request`` on ``replica`` (module docstring)."""
-        return self._estimate(request, replica.id, replica.waiting)
+        return self._estimate(request, replica.id, replica.waiting, {})
 
     def _estimate(self, request: RequestView, rid: str, waiting: float,
-                  terms_of: dict[tuple[int, int, int], Terms] | None = None) -> Estimate:
+                  terms_of: dict[tuple[int, int, int], Terms]) -> Estimate:
         """``terms_of``: the prior's terms by token split, shared by the replicas of one
         decision (most hold the same prefix: none of it, or all of it via the pool)."""
         res = request.residency
@@ -210,12 +210,10 @@ class Locality(BasePolicy):
                              max(res.gpu.get(rid, 0) * bt,
                                  self._sessions.coming(request.session, rid)),
                              res.pool * bt)
-        terms = terms_of.get(split) if terms_of is not None else None
+        terms = terms_of.get(split)
         if terms is None:
             gpu, load, new = split
-            terms = self.config.prior.terms(gpu + load, new, load)
-            if terms_of is not None:
-                terms_of[split] = terms
+            terms = terms_of[split] = self.config.prior.terms(gpu + load, new, load)
         load_s, prefill_s = self.calibration.predict(rid, terms)
         queue = self._queues.get(rid)
         if queue is None:
@@ -307,7 +305,7 @@ class Locality(BasePolicy):
             est = memo.estimates[decision.replica]
             foreign = decision.replica in memo.foreign
         else:  # a decision not made by this ``choose`` (a split's arm, a test)
-            est, foreign = self._estimate(request, decision.replica, 0.0), False
+            est, foreign = self._estimate(request, decision.replica, 0.0, {}), False
         self._memo = None
         self._version += 1
         queue = self._queues.get(decision.replica)
