@@ -133,6 +133,10 @@ class Outcome:
     (``total_s`` set; a non-streamed reply reports its ``ttft_s`` only here, as the time
     of the whole reply). ``ok`` is false when the replica failed the request. ``at`` is the
     caller's clock at the observation, in the same time base as ``RequestView.now``.
+    ``prompt_tokens`` / ``cached_tokens``: the engine's own count of the prompt and of the
+    part it did not compute (vLLM's ``usage.prompt_tokens`` and
+    ``usage.prompt_tokens_details.cached_tokens``: GPU prefix-cache hits and tokens loaded
+    through the KV connector together), when the reply reported them (``done`` only).
     """
 
     request: RequestView
@@ -142,6 +146,8 @@ class Outcome:
     total_s: float | None = None
     phase: str = "done"
     at: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 class NoReplicaAvailable(Exception):

@@ -26,7 +26,7 @@ Shared copies (``shared_copies``): the extra-work charge is divided by 1 + the r
 ``Residency.readers`` (the router's unsettled requests holding its longest indexed
 prefix): a copy of a document many are reading right now serves them all, and charged
 as one request's loss it waited until the holder's queue was twice its prefill long.
-Own dispatch log (``_SessionLog``): the router records a session's replica and prefix
+Own dispatch log (``policies.session_log``): the router records a session's replica and prefix
 only when its reply ends, a queueing delay after the decision; a next turn arriving
 meanwhile would look new and cold and be scattered by load. The policy therefore takes
 the session's replica from its own last dispatch, and counts that request's prompt as
@@ -74,8 +74,16 @@ prior wrong in one term, or an emulator's time scale; beyond ``calibration_rate`
 second on a replica, one in every k teaches (``Stride``). A request dispatched while the
 engine's scraped counts (running + waiting) exceeded this router's in-flight there was
 served among other routers' requests, whose prefills are in its service time: it teaches
-calibration nothing. ``choose`` is pure (it only memoises its estimates for the
-``dispatched`` that follows, which no decision reads): time comes from ``RequestView.now``.
+calibration nothing. Nor does a reply whose engine reports (``Outcome.cached_tokens``, vLLM's
+``usage.prompt_tokens_details.cached_tokens``) a cached share of the prompt more than
+``split_tolerance`` away from the share the estimate assumed: the index did not know what
+the replica held (another router placed it there, or it was evicted), and its time would
+teach the model wrong hardware (with 4 routers on ``agents`` calibration learnt the pool
+load 4-8x and attention 2x faster than they were from such replies, and lost p90 1.39x to
+``least_loaded``). Once replies report the count, a first token's lesson waits for the
+reply's end, where the count is (``_Sample``). ``choose`` is pure (it only memoises its
+estimates for the ``dispatched`` that follows, which no decision reads): time comes from
+``RequestView.now``.
 """
 
 from __future__ import annotations
@@ -89,6 +97,7 @@ from policies.calibration import Calibration, Stride, Terms
 from policies.cost import STUDY_PRIOR, CostParams, Estimate, split_tokens
 from policies.fifo_queue import FifoQueue
 from policies.hashing import rendezvous_rank
+from policies.session_log import SessionLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +113,9 @@ class LocalityConfig:
     ``alpha``/``warmup``/``clip``: see ``Calibration``; ``shared_copies``: the extra-work
     charge is divided by 1 + the readers of the prefix it copies (``Residency.readers``);
     ``calibration_rate``: replies per second per replica that teach calibration, beyond
-    which one in every k does (``Stride``; 0: every reply)."""
+    which one in every k does (``Stride``; 0: every reply); ``split_tolerance``: a reply
+    whose engine-reported cached share of the prompt is further than this from the
+    estimate's teaches nothing."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -119,41 +130,7 @@ class LocalityConfig:
     clip: float = 4.0
     shared_copies: bool = True
     calibration_rate: float = 100.0
-
-
-@dataclass(slots=True)
-class _SessionLog:
-    """Where this policy last sent each session, and the prompt still in flight there.
-
-    The router's own view lags: it records a session's replica and prefix only when a
-    reply ends, and near saturation that is a whole queueing delay after the decision. A
-    session's next turn, arriving meanwhile, would look cold and new, be placed by load
-    alone and recompute its history elsewhere: more work exactly when the fleet is
-    short of it. So the policy remembers its own dispatches (bounded LRU of
-    ``max_sessions``), and counts the prompt of a session's in-flight request as cached
-    on its replica (FIFO: it will be computed before anything queued after it)."""
-
-    max_sessions: int = 200_000
-    last: dict[str, tuple[str, int, str]] = field(default_factory=dict)  # replica, tokens, id
-
-    def sent(self, session: str, replica: str, tokens: int, request_id: str) -> None:
-        self.last.pop(session, None)
-        self.last[session] = (replica, tokens, request_id)
-        if len(self.last) > self.max_sessions:
-            del self.last[next(iter(self.last))]
-
-    def finished(self, session: str, request_id: str) -> None:
-        entry = self.last.get(session)
-        if entry is not None and entry[2] == request_id:
-            self.last[session] = (entry[0], 0, request_id)  # the index knows it from now on
-
-    def replica(self, session: str) -> str | None:
-        entry = self.last.get(session)
-        return entry[0] if entry is not None else None
-
-    def coming(self, session: str, replica: str) -> int:
-        entry = self.last.get(session)
-        return entry[1] if entry is not None and entry[0] == replica else 0
+    split_tolerance: float = 0.1
 
 
 class _Dispatch(NamedTuple):
@@ -165,6 +142,15 @@ class _Dispatch(NamedTuple):
     estimate: Estimate
     behind: bool
     foreign: bool
+
+
+class _Sample(NamedTuple):
+    """A first token's lesson for calibration, held until the reply's end brings the
+    engine's own count of cached tokens (``_learn``)."""
+
+    estimate: Estimate
+    service: float
+    queued: bool
 
 
 class _Memo(NamedTuple):
@@ -191,7 +177,10 @@ class Locality(BasePolicy):
         self._dispatches: dict[str, _Dispatch] = {}  # until observed at its first token
         self._service_mean: dict[str, float] = {}
         self._strides: dict[str, Stride] = {}
-        self._sessions = _SessionLog()
+        self._samples: dict[str, _Sample] = {}  # from first token until the reply's end
+        self.unexplained = 0  # samples dropped: the engine's cached share was not believed
+        self._usage_seen = False  # replies report the engine's cached tokens: wait for them
+        self._sessions = SessionLog()
         self._memo: _Memo | None = None
         self._version = 0  # bumped by every state change: a memo of another state is stale
 
@@ -321,9 +310,13 @@ class Locality(BasePolicy):
         rid = outcome.request.request_id
         if outcome.phase == "done" or not outcome.ok:
             self._sessions.finished(outcome.request.session, rid)
+            self._usage_seen = self._usage_seen or outcome.cached_tokens is not None
         dispatch = self._dispatches.pop(rid, None)
-        if dispatch is None:
-            return  # already observed at its first token
+        if dispatch is None:  # already observed at its first token
+            sample = self._samples.pop(rid, None)
+            if sample is not None and outcome.ok:
+                self._learn(sample, outcome)
+            return
         est, behind, foreign = dispatch
         queue = self._queues[outcome.decision.replica]
         sent, _ = queue.pop(rid, (outcome.request.now, 0.0))
@@ -343,11 +336,30 @@ class Locality(BasePolicy):
         elif not queued:
             return
         if self.config.calibrate and not foreign and self._teaches(est.replica, at):
-            terms = self.config.prior.terms(est.gpu_tokens + est.pool_tokens, est.new_tokens,
-                                            est.pool_tokens)
-            # A queued request's own time is the engine's scheduler's to split (batched
-            # prefills answer together); calibration counts its run's total instead.
-            self.calibration.update(est.replica, terms, max(0.0, service), queued=queued)
+            sample = _Sample(est, max(0.0, service), queued)
+            if outcome.phase == "done" or not self._usage_seen:
+                self._learn(sample, outcome)
+            else:  # the engine's count of cached tokens comes with the reply's end
+                self._samples[rid] = sample
+
+    def _learn(self, sample: _Sample, outcome: Outcome) -> None:
+        """Fold ``sample`` into calibration, unless the engine reports a cached share of
+        the prompt that is not the one its estimate assumed (``split_tolerance``): the
+        index did not know what that replica held (another router placed it, or it was
+        evicted), and its time would teach the model wrong hardware."""
+        est = sample.estimate
+        if outcome.cached_tokens is not None and outcome.prompt_tokens:
+            reported = outcome.cached_tokens / outcome.prompt_tokens
+            total = est.gpu_tokens + est.pool_tokens + est.new_tokens
+            believed = (est.gpu_tokens + est.pool_tokens) / total if total > 0 else 0.0
+            if abs(reported - believed) > self.config.split_tolerance:
+                self.unexplained += 1
+                return
+        terms = self.config.prior.terms(est.gpu_tokens + est.pool_tokens, est.new_tokens,
+                                        est.pool_tokens)
+        # A queued request's own time is the engine's scheduler's to split (batched
+        # prefills answer together); calibration counts its run's total instead.
+        self.calibration.update(est.replica, terms, sample.service, queued=sample.queued)
 
     def _teaches(self, replica: str, at: float) -> bool:
         """Whether this reply on ``replica`` teaches calibration (``Stride``)."""
@@ -365,4 +377,5 @@ class Locality(BasePolicy):
             "calibration": self.calibration.as_json(),
             "mean_service_s": dict(self._service_mean),
             "queued": {rid: len(q.pending) for rid, q in self._queues.items()},
+            "unexplained_replies": self.unexplained,
         }

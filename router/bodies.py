@@ -1,7 +1,7 @@
 """Request bodies, read safely: one size limit counting decoded bytes.
 
 ``read_decoded(request, limit)``: the raw body is read under ``limit`` (413 as soon as it
-is exceeded, ``router.proxy.read_body``), then each ``Content-Encoding`` (``gzip``,
+is exceeded, ``read_body``), then each ``Content-Encoding`` (``gzip``,
 ``deflate`` (zlib, or raw deflate as some clients send), ``identity``; others 415) is
 undone, last applied first, by an incremental ``zlib`` decompressor told to produce at most
 ``limit + 1`` bytes: a zip bomb stops at the limit with 413 and never inflates further.
@@ -14,7 +14,29 @@ import zlib
 from starlette.requests import Request
 
 from router.errors import BadRequest, PayloadTooLarge, UnsupportedEncoding
-from router.proxy import read_body
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """Read the whole body, refusing (413) as soon as it is known to exceed ``limit``; a
+    body ``router.gate`` read already (and held to its limit) is taken as it is."""
+    read: bytes | None = getattr(request, "_body", None)
+    if read is not None and len(read) <= limit:
+        return read
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise BadRequest("invalid Content-Length header")
+        if int(declared) > limit:
+            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+        parts.append(chunk)
+    return b"".join(parts)
+
 
 _ZLIB = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 

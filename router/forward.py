@@ -39,6 +39,7 @@ class Forward:
         self.ended: tuple[str | None] | None = None  # (error or None) once the reply ended
         self.done: asyncio.Future[str | None] | None = None
         self.task: asyncio.Task[None] | None = None
+        self.before = self.last = b""  # the last two chunks sent: the reply's usage is there
 
     async def run(self) -> str | None:
         loop = asyncio.get_running_loop()
@@ -123,6 +124,7 @@ class Forward:
         if self.first:
             self.first = False
             self.first_byte()
+        self.before, self.last = self.last, data
         return {"type": "http.response.body", "body": data, "more_body": True}
 
     def _settle(self, outcome: str | BaseException | None) -> None:

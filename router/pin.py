@@ -26,9 +26,10 @@ from dataclasses import replace
 
 from starlette.requests import Request
 
+from router.bodies import read_body
 from router.errors import BadRequest, LmrouteError
 from router.openai_api import Endpoint, ParsedRequest, parse_request
-from router.proxy import PATHS, Prepare, Proxy, Target, read_body
+from router.proxy import PATHS, Prepare, Proxy, Target
 
 PIN_HEADER = "x-lmroute-pin-replica"
 

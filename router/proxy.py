@@ -42,12 +42,11 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from policies.base import Decision, NoReplicaAvailable, Outcome, Policy, ReplicaView, RequestView
+from router.bodies import read_body
 from router.disconnect import CLIENT_CLOSED, ClientGone, mark_gone, unless_gone
 from router.errors import (
-    BadRequest,
     LmrouteError,
     NoHealthyReplica,
-    PayloadTooLarge,
     UpstreamConnectError,
     UpstreamError,
     UpstreamStreamBroken,
@@ -60,6 +59,7 @@ from router.openai_api import Endpoint, ParsedRequest, parse_request
 from router.relay import Relay
 from router.replicas import Replica, ReplicaSet
 from router.upstream import Upstream, UpstreamResponse, end_to_end, end_to_end_raw
+from router.usage import engine_usage
 
 Clock = Callable[[], float]
 PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -80,28 +80,6 @@ class Target:
 
 # A pass-through route's parse: the request -> what routing needs, and what to send.
 Prepare = Callable[[Request], Awaitable[tuple[ParsedRequest, Target]]]
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """Read the whole body, refusing (413) as soon as it is known to exceed ``limit``; a
-    body ``router.gate`` read already (and held to its limit) is taken as it is."""
-    read: bytes | None = getattr(request, "_body", None)
-    if read is not None and len(read) <= limit:
-        return read
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise BadRequest("invalid Content-Length header")
-        if int(declared) > limit:
-            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 def _after_reply(callback: Callable[..., None], *args: object) -> None:
@@ -246,7 +224,8 @@ class Proxy:
                 last_error = exc
                 continue
             self._acquit(fault, resp.status)
-            self._finished(attempt, resp.status, t0, ttft=self.clock() - t0, ok=resp.status < 400)
+            self._finished(attempt, resp.status, t0, ttft=self.clock() - t0, ok=resp.status < 400,
+                           usage=engine_usage(body))
             return self._buffered(resp, body, attempt, request_id)
         if fault is not None:
             self.metrics.request_done(parsed.route, fault.attempt.replica.url, fault.resp.status,
@@ -324,21 +303,24 @@ class Proxy:
                                     at=self.clock()))
 
     def _finished(self, attempt: _Attempt, status: int, t0: float, *, ttft: float | None,
-                  ok: bool) -> None:
+                  ok: bool, usage: tuple[int, int] | None) -> None:
         now = self.clock()
         self._close(attempt)
         self.replicas.record_success(attempt.replica, from_probe=False)
-        _after_reply(self._record, attempt, status, now - t0, ttft, ok, now)
+        _after_reply(self._record, attempt, status, now - t0, ttft, ok, now, usage)
 
     def _record(self, attempt: _Attempt, status: int, total_s: float, ttft: float | None,
-                ok: bool, now: float) -> None:
+                ok: bool, now: float, usage: tuple[int, int] | None) -> None:
         """What a finished reply leaves behind (its metrics, what the policy learns, the
-        prefix now held), once the reply is on its way (``_after_reply``)."""
+        prefix now held), once the reply is on its way (``_after_reply``). ``usage``: the
+        engine's (prompt, cached) tokens, if the reply reported them (``router.usage``)."""
         self.metrics.request_done(attempt.view.endpoint, attempt.replica.url, status,
                                   attempt.decision.arm, duration_s=total_s, ttft_s=ttft,
                                   predicted_ttft_s=attempt.decision.predicted_ttft_s if ok else None)
+        prompt, cached = usage if usage is not None else (None, None)
         attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=ok, ttft_s=ttft,
-                                       total_s=total_s, at=now))
+                                       total_s=total_s, at=now, prompt_tokens=prompt,
+                                       cached_tokens=cached))
         if ok:
             self.locator.served(attempt.view.session, attempt.chain, attempt.replica.id)
 
@@ -392,8 +374,10 @@ class Proxy:
             if not ended:  # the client left mid-stream: the upstream is closed now
                 self.metrics.client_disconnect("mid_stream")
                 mark_gone(scope)
-            self._finished(attempt, resp.status, t0, ttft=ttft,
-                           ok=ended and ok and resp.status < 400)
+            good = ended and ok and resp.status < 400
+            self._finished(attempt, resp.status, t0, ttft=ttft, ok=good,
+                           usage=engine_usage(relay.tail()) if good else None)
 
-        return Relay(resp, self._headers(resp, attempt, request_id), first_byte=first_byte,
-                     broken=broken, finish=finish)
+        relay = Relay(resp, self._headers(resp, attempt, request_id), first_byte=first_byte,
+                      broken=broken, finish=finish)
+        return relay

@@ -17,7 +17,8 @@ Around the loop, the same contract the ``StreamingResponse`` version had:
   one yielding the same chunks: the Responses API learns its response ids this way);
 - ``first_byte()`` runs once, at the first body bytes (TTFT); ``finish(ended, ok)`` runs
   exactly once, however the relay ended (``ended``: the replica's stream was read to its
-  end; ``ok``: and it did not break), after the upstream connection is released or closed.
+  end; ``ok``: and it did not break), after the upstream connection is released or closed;
+- ``tail()``: the last two chunks relayed, where the reply's ``usage`` is (``router.usage``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ class Relay(Response):
         self.upstream = upstream
         self._first_byte, self._broken, self._finish = first_byte, broken, finish
         self._wrap: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None
+        self._forward: Forward | None = None
+        self._before = self._last = b""
+
+    def tail(self) -> bytes:
+        """The last two chunks relayed (where a reply's ``usage`` is, ``router.usage``)."""
+        if self._forward is not None:
+            return self._forward.before + self._forward.last
+        return self._before + self._last
 
     def wrap(self, f: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]]) -> None:
         """Relay ``f(chunks)`` instead of the replica's chunks (after any earlier wrap)."""
@@ -82,7 +91,8 @@ class Relay(Response):
     async def _pump(self, send: Send) -> bool:
         """Relay the replica's bytes until its stream ends; False if it broke."""
         if self._wrap is None and isinstance(self.upstream, WireResponse):
-            broke = await Forward(self.upstream, send, self._first_byte).run()
+            self._forward = Forward(self.upstream, send, self._first_byte)
+            broke = await self._forward.run()
             if broke is None:
                 return True
             return await self._break(send, UpstreamStreamBroken(f"replica stream broke: {broke}"))
@@ -95,6 +105,7 @@ class Relay(Response):
                 if first:
                     first = False
                     self._first_byte()
+                self._before, self._last = self._last, chunk
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamStreamBroken as exc:
             return await self._break(send, exc)

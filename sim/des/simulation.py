@@ -147,7 +147,9 @@ class Completion:
         run, req, plan, router = self.run, self.request, self.plan, self.router
         router.complete(req, self.decision.replica)
         run.policies[router.number].observe(Outcome(
-            self.view, self.decision, ok=True, ttft_s=plan.ttft_s, total_s=plan.total_s, at=now))
+            self.view, self.decision, ok=True, ttft_s=plan.ttft_s, total_s=plan.total_s, at=now,
+            prompt_tokens=plan.prompt_tokens,
+            cached_tokens=plan.gpu_hit_tokens + plan.pool_hit_tokens))
         run.records.append(Record(
             run.label, run.pool, req.tag, req.session, req.turn, self.decision.replica,
             self.decision.reason, plan.arrival, plan.ttft_s, plan.total_s, plan.prompt_tokens,

@@ -1,8 +1,9 @@
 """The GPU stack's vLLM flags (docker-compose.yml and the gpu overlay), parsed by vLLM
 0.32's own `vllm serve` parser from the vLLM CPU venv (``make test-vllm``), and agreeing
 with what the router is told: KV events on the port it subscribes to, LMCache as the
-connector in both roles, prefix caching on. A flag vLLM renamed or a field its
-KVEventsConfig no longer takes fails here, not on a GPU host."""
+connector in both roles, prefix caching on, and each reply's cached tokens reported. A
+flag vLLM renamed or a field its KVEventsConfig no longer takes fails here, not on a GPU
+host."""
 
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ def test_vllm_parses_every_gpu_command_as_the_router_expects() -> None:
     for (where, _), parsed in zip(argvs.items(), _parse(list(argvs.values())), strict=True):
         assert "error" not in parsed, (where, parsed)
         assert parsed["prefix_caching"] and parsed["port"] == 8000, where
+        # usage.prompt_tokens_details.cached_tokens: what locality checks calibration with
+        assert parsed["prompt_tokens_details"], where
         assert (parsed["kv_connector"], parsed["kv_role"]) == ("LMCacheConnectorV1", "kv_both")
         events = parsed["kv_events"]
         assert events["enabled"] and events["publisher"] == "zmq", where

@@ -2,8 +2,8 @@
 argument parser and print, per argv, the parsed values the deployment relies on.
 
 Input: a JSON list of argv lists (the model first, as `vllm serve MODEL ...`). Output: a
-JSON list of {"model", "port", "prefix_caching", "kv_connector", "kv_role",
-"kv_events": {...}} (None for a config not given) or {"error": "..."} when the parser
+JSON list of {"model", "port", "prefix_caching", "prompt_tokens_details", "kv_connector",
+"kv_role", "kv_events": {...}} (None for a config not given) or {"error": "..."} when the parser
 refuses an argv.
 """
 
@@ -34,6 +34,7 @@ def parse(argv: list[str]) -> dict[str, object]:
     events, transfer = args.kv_events_config, args.kv_transfer_config
     return {"model": args.model_tag, "port": args.port,
             "prefix_caching": bool(args.enable_prefix_caching),
+            "prompt_tokens_details": bool(args.enable_prompt_tokens_details),
             "kv_connector": transfer.kv_connector if transfer else None,
             "kv_role": transfer.kv_role if transfer else None,
             "kv_events": {"enabled": events.enable_kv_cache_events,

@@ -155,7 +155,7 @@ def main() -> int:
         engines.append(VllmServer(
             vllm_python(), model, free_port(), f"tcp://*:{free_port()}",
             f"tcp://127.0.0.1:{free_port()}", cpu,
-            ("--num-gpu-blocks-override", "400", "--enable-prompt-tokens-details")))
+            ("--num-gpu-blocks-override", "400")))  # the suite adds --enable-prompt-tokens-details
     t0 = time.perf_counter()
     results = []
     try:

@@ -4,8 +4,8 @@ engine goes to $LMROUTE_E2E_REPORT under ``validate`` (docs/validate.md records 
 
 The e2e pair has no LMCache, so there is no pool: the ``pool`` and ``evicted`` tiers run
 (B computes the prompt itself, and A after a reset) and must pass too, but they test no
-pool here. vLLM reports no ``cached_tokens`` without ``--enable-prompt-tokens-details``,
-so the warm tier's hits are read from the engine's own ``vllm:prefix_cache_hits``.
+pool here. The warm tier's hits are read from the engine's own ``vllm:prefix_cache_hits``
+(``cached_tokens`` is reported too: the suite runs vLLM with ``--enable-prompt-tokens-details``).
 """
 
 from __future__ import annotations

@@ -64,6 +64,7 @@ class VllmServer:
                 "--model", str(self.model), "--served-model-name", MODEL_NAME,
                 "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "8192",
                 "--enable-prefix-caching", "--enforce-eager", "--block-size", "32",
+                "--enable-prompt-tokens-details",
                 "--kv-events-config", json.dumps(config), *self.extra]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,

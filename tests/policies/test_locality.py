@@ -344,3 +344,42 @@ def test_at_thousands_of_replies_a_second_one_in_k_teaches_calibration_without_b
     mean = sum(services) / len(services)
     assert predicted_every == pytest.approx(mean, rel=0.15)
     assert predicted_sampled == pytest.approx(mean, rel=0.15)
+
+
+def test_a_reply_whose_engine_cached_what_the_index_did_not_know_teaches_nothing() -> None:
+    """With several routers each router's index misses the prefixes the others placed: it
+    predicts a miss, the engine hits its cache and answers fast, and calibration learnt
+    that fast hardware (4 routers on ``agents``: p90 1.39x ``least_loaded``). The engine's
+    own count of cached tokens (vLLM's ``usage.prompt_tokens_details.cached_tokens``,
+    reported at the reply's end) tells such replies apart; the first token's lesson waits
+    for it once replies carry it."""
+    true_s = STUDY_PRIOR.prefill_s(0, 8192)  # the prior is the truth here
+
+    def run(cached: int | None) -> Locality:
+        policy = Locality()
+        for i in range(6):
+            view = req(f"x{i}", 8192, session=f"s{i}", now=10.0 * i)  # index: nothing cached
+            decision = policy.choose(view, reps("a"))
+            policy.dispatched(view, decision)
+            # The first is a true miss; then the engine holds all but the last block.
+            ttft, count = (true_s, 0 if cached is not None else None) if i == 0 else (0.2, cached)
+            before = policy.calibration.observations
+            policy.observe(Outcome(view, decision, True, ttft_s=ttft, phase="first_token",
+                                   at=10.0 * i + ttft))
+            waits = cached is not None and i > 0  # the count is known to come at the end
+            assert policy.calibration.observations == before + (0 if waits else 1)
+            policy.observe(Outcome(view, decision, True, ttft_s=ttft, total_s=ttft + 1.0,
+                                   at=10.0 * i + ttft + 1.0, prompt_tokens=8192,
+                                   cached_tokens=count))
+        return policy
+
+    blind = run(7936)
+    assert (blind.calibration.observations, blind.unexplained) == (1, 5)
+    assert blind.describe()["unexplained_replies"] == 5
+    assert blind.calibration.fleet_scale() == pytest.approx(1.0, rel=0.01)
+    told = run(0)  # the engine says it computed it all: so the replica is that fast
+    assert (told.calibration.observations, told.unexplained) == (6, 0)
+    unreported = run(None)  # an engine that reports no details: as before, at first token
+    assert (unreported.calibration.observations, unreported.unexplained) == (6, 0)
+    for learnt in (told, unreported):  # what the blind replies teach: hardware 2x+ faster
+        assert learnt.calibration.fleet_scale() < 0.5
