@@ -80,10 +80,10 @@ calibration nothing. Nor does a reply whose engine reports (``Outcome.cached_tok
 the replica held (another router placed it there, or it was evicted), and its time would
 teach the model wrong hardware (with 4 routers on ``agents`` calibration learnt the pool
 load 4-8x and attention 2x faster than they were from such replies, and lost p90 1.39x to
-``least_loaded``). Once replies report the count, a first token's lesson waits for the
-reply's end, where the count is (``_Sample``). ``choose`` is pure (it only memoises its
-estimates for the ``dispatched`` that follows, which no decision reads): time comes from
-``RequestView.now``.
+``least_loaded``). A first token's lesson therefore waits for the reply's end, where the
+count is (``_Sample``), even the first few that set calibration's scale. ``choose`` is
+pure (it only memoises its estimates for the ``dispatched`` that follows, which no
+decision reads): time comes from ``RequestView.now``.
 """
 
 from __future__ import annotations
@@ -179,7 +179,6 @@ class Locality(BasePolicy):
         self._strides: dict[str, Stride] = {}
         self._samples: dict[str, _Sample] = {}  # from first token until the reply's end
         self.unexplained = 0  # samples dropped: the engine's cached share was not believed
-        self._usage_seen = False  # replies report the engine's cached tokens: wait for them
         self._sessions = SessionLog()
         self._memo: _Memo | None = None
         self._version = 0  # bumped by every state change: a memo of another state is stale
@@ -310,7 +309,6 @@ class Locality(BasePolicy):
         rid = outcome.request.request_id
         if outcome.phase == "done" or not outcome.ok:
             self._sessions.finished(outcome.request.session, rid)
-            self._usage_seen = self._usage_seen or outcome.cached_tokens is not None
         dispatch = self._dispatches.pop(rid, None)
         if dispatch is None:  # already observed at its first token
             sample = self._samples.pop(rid, None)
@@ -337,9 +335,9 @@ class Locality(BasePolicy):
             return
         if self.config.calibrate and not foreign and self._teaches(est.replica, at):
             sample = _Sample(est, max(0.0, service), queued)
-            if outcome.phase == "done" or not self._usage_seen:
+            if outcome.phase == "done":
                 self._learn(sample, outcome)
-            else:  # the engine's count of cached tokens comes with the reply's end
+            else:  # the engine's count of cached tokens, if any, comes with the reply's end
                 self._samples[rid] = sample
 
     def _learn(self, sample: _Sample, outcome: Outcome) -> None:

@@ -219,8 +219,7 @@ def test_a_model_that_predicts_badly_moves_sessions_only_for_large_gains() -> No
             assert d.predicted_ttft_s is not None
             factor = 2.0 if i % 2 else 0.5
             ttft = d.predicted_ttft_s * factor
-            policy.observe(Outcome(q, d, True, ttft_s=ttft, phase="first_token",
-                                   at=100.0 * i + ttft))
+            policy.observe(Outcome(q, d, True, ttft_s=ttft, at=100.0 * i + ttft))
         assert policy.calibration.error() > 0.4
         now = 100.0 * 40
         # One 8k prefill queued on a; the session (8k on a's GPU, in the pool too) may move.
@@ -308,8 +307,7 @@ def test_a_reply_slowed_by_another_routers_requests_teaches_calibration_nothing(
             replica = ReplicaView(id="a", url="a", in_flight=1, running=running)
             decision = policy.choose(view, [replica])
             policy.dispatched(view, decision)
-            policy.observe(Outcome(view, decision, True, ttft_s=2.0, phase="first_token",
-                                   at=10.0 * i + 2.0))
+            policy.observe(Outcome(view, decision, True, ttft_s=2.0, at=10.0 * i + 2.0))
         learnt[running] = policy.calibration.observations
     assert learnt == {1.0: 6, 3.0: 0}
 
@@ -335,8 +333,7 @@ def test_at_thousands_of_replies_a_second_one_in_k_teaches_calibration_without_b
             if len(sent) > 32:  # 32 in flight: each reply ends one service after the last
                 now += service
                 first, chosen = sent.popleft()
-                policy.observe(Outcome(first, chosen, True, ttft_s=now - first.now,
-                                       phase="first_token", at=now))
+                policy.observe(Outcome(first, chosen, True, ttft_s=now - first.now, at=now))
         cal = policy.calibration
         learnt[rate] = (cal.observations, sum(cal.predict("a", STUDY_PRIOR.terms(0, 64, 0))))
     (every, predicted_every), (sampled, predicted_sampled) = learnt[0.0], learnt[100.0]
@@ -352,7 +349,7 @@ def test_a_reply_whose_engine_cached_what_the_index_did_not_know_teaches_nothing
     that fast hardware (4 routers on ``agents``: p90 1.39x ``least_loaded``). The engine's
     own count of cached tokens (vLLM's ``usage.prompt_tokens_details.cached_tokens``,
     reported at the reply's end) tells such replies apart; the first token's lesson waits
-    for it once replies carry it."""
+    for it."""
     true_s = STUDY_PRIOR.prefill_s(0, 8192)  # the prior is the truth here
 
     def run(cached: int | None) -> Locality:
@@ -366,8 +363,7 @@ def test_a_reply_whose_engine_cached_what_the_index_did_not_know_teaches_nothing
             before = policy.calibration.observations
             policy.observe(Outcome(view, decision, True, ttft_s=ttft, phase="first_token",
                                    at=10.0 * i + ttft))
-            waits = cached is not None and i > 0  # the count is known to come at the end
-            assert policy.calibration.observations == before + (0 if waits else 1)
+            assert policy.calibration.observations == before  # the count comes at the end
             policy.observe(Outcome(view, decision, True, ttft_s=ttft, total_s=ttft + 1.0,
                                    at=10.0 * i + ttft + 1.0, prompt_tokens=8192,
                                    cached_tokens=count))
@@ -379,7 +375,7 @@ def test_a_reply_whose_engine_cached_what_the_index_did_not_know_teaches_nothing
     assert blind.calibration.fleet_scale() == pytest.approx(1.0, rel=0.01)
     told = run(0)  # the engine says it computed it all: so the replica is that fast
     assert (told.calibration.observations, told.unexplained) == (6, 0)
-    unreported = run(None)  # an engine that reports no details: as before, at first token
+    unreported = run(None)  # an engine that reports no details: learnt from at the end
     assert (unreported.calibration.observations, unreported.unexplained) == (6, 0)
     for learnt in (told, unreported):  # what the blind replies teach: hardware 2x+ faster
         assert learnt.calibration.fleet_scale() < 0.5
