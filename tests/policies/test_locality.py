@@ -312,6 +312,28 @@ def test_a_reply_slowed_by_another_routers_requests_teaches_calibration_nothing(
     assert learnt == {1.0: 6, 3.0: 0}
 
 
+def test_other_routers_waiting_requests_are_priced_at_our_own_service_not_theirs() -> None:
+    """The engine's waiting requests beyond ours (other routers') wait about one service
+    each; a reply served among them took their prefills' time too (10 s for a ~1.4 s
+    prefill here), and pricing each of theirs at that made 4 routers on ``mooncake`` past
+    saturation lose p90 1.11x: such a reply counts as its predicted service."""
+    waits = {}
+    for running in (1.0, 3.0):  # our one request alone, or among two of other routers
+        policy = Locality()
+        view = req("x", 8192, session="s", now=0.0)
+        decision = policy.choose(view, [ReplicaView(id="a", url="a", in_flight=1,
+                                                    running=running)])
+        policy.dispatched(view, decision)
+        predicted = decision.predicted_ttft_s
+        assert predicted is not None and predicted < 2.0
+        policy.observe(Outcome(view, decision, True, ttft_s=10.0, at=10.0))
+        later = req("y", 8192, session="t", now=20.0)
+        wait = policy.estimate(later, ReplicaView(id="a", url="a", waiting=3.0)).wait_s
+        waits[running] = wait / predicted
+    assert waits[1.0] == pytest.approx(3 * 10.0 / predicted)  # ours alone: what it took
+    assert waits[3.0] == pytest.approx(3.0)  # among theirs: what it would take alone
+
+
 def test_at_thousands_of_replies_a_second_one_in_k_teaches_calibration_without_bias() -> None:
     """A busy replica replying ~2,000 times a second (short requests on a fast engine):
     with ``calibration_rate`` 100 about one reply in 20 teaches calibration, and it
