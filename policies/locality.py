@@ -76,11 +76,12 @@ prior wrong in one term, or an emulator's time scale; beyond ``calibration_rate`
 second on a replica, one in every k teaches (``Stride``). A request dispatched while the
 engine's scraped counts (running + waiting) exceeded this router's in-flight there was
 served among other routers' requests, whose prefills are in its service time: it teaches
-calibration nothing. Nor does a reply whose engine reports (``Outcome.cached_tokens``, vLLM's
-``usage.prompt_tokens_details.cached_tokens``) a cached share of the prompt more than
-``split_tolerance`` away from the share the estimate assumed: the index did not know what
-the replica held (another router placed it there, or it was evicted), and its time would
-teach the model wrong hardware (with 4 routers on ``agents`` calibration learnt the pool
+calibration nothing. Nor does a reply whose engine reports (``Outcome.cached_tokens``,
+vLLM's ``usage.prompt_tokens_details.cached_tokens``) a cached share of the prompt more
+than ``split_tolerance`` (plus one index block's share) away from the share the estimate
+assumed: the index did not know what the replica held (another router placed it there,
+or it was evicted), and its time would teach the model wrong hardware (with 4 routers on
+``agents`` calibration learnt the pool
 load 4-8x and attention 2x faster than they were from such replies, and lost p90 1.39x to
 ``least_loaded``). A first token's lesson therefore waits for the reply's end, where the
 count is (``_Sample``), even the first few that set calibration's scale. ``choose`` is
@@ -116,8 +117,8 @@ class LocalityConfig:
     charge is divided by 1 + the readers of the prefix it copies (``Residency.readers``);
     ``calibration_rate``: replies per second per replica that teach calibration, beyond
     which one in every k does (``Stride``; 0: every reply); ``split_tolerance``: a reply
-    whose engine-reported cached share of the prompt is further than this from the
-    estimate's teaches nothing."""
+    whose engine-reported cached share of the prompt is further than this (plus one
+    index block's share) from the estimate's teaches nothing."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -347,15 +348,19 @@ class Locality(BasePolicy):
 
     def _learn(self, sample: _Sample, outcome: Outcome) -> None:
         """Fold ``sample`` into calibration, unless the engine reports a cached share of
-        the prompt that is not the one its estimate assumed (``split_tolerance``): the
-        index did not know what that replica held (another router placed it, or it was
-        evicted), and its time would teach the model wrong hardware."""
+        the prompt further than ``split_tolerance`` plus one index block's share from the
+        one its estimate assumed: the index did not know what that replica held (another
+        router placed it, or it was evicted), and its time would teach the model wrong
+        hardware. (The index counts whole blocks of ``block_tokens``, the engine its own
+        smaller ones: a 1,600-token prompt hitting 1,568 cached tokens is 5 blocks of 256,
+        0.8 of it, to the index and 0.98 to vLLM.)"""
         est = sample.estimate
-        if outcome.cached_tokens is not None and outcome.prompt_tokens:
+        total = est.gpu_tokens + est.pool_tokens + est.new_tokens
+        if outcome.cached_tokens is not None and outcome.prompt_tokens and total > 0:
             reported = outcome.cached_tokens / outcome.prompt_tokens
-            total = est.gpu_tokens + est.pool_tokens + est.new_tokens
-            believed = (est.gpu_tokens + est.pool_tokens) / total if total > 0 else 0.0
-            if abs(reported - believed) > self.config.split_tolerance:
+            believed = (est.gpu_tokens + est.pool_tokens) / total
+            slack = self.config.split_tolerance + outcome.request.residency.block_tokens / total
+            if abs(reported - believed) > slack:
                 self.unexplained += 1
                 return
         terms = self.config.prior.terms(est.gpu_tokens + est.pool_tokens, est.new_tokens,

@@ -401,3 +401,20 @@ def test_a_reply_whose_engine_cached_what_the_index_did_not_know_teaches_nothing
     assert (unreported.calibration.observations, unreported.unexplained) == (6, 0)
     for learnt in (told, unreported):  # what the blind replies teach: hardware 2x+ faster
         assert learnt.calibration.fleet_scale() < 0.5
+
+
+def test_the_index_counts_whole_blocks_and_the_engine_its_own_so_a_block_is_no_disagreement(
+        ) -> None:
+    """On the vLLM pair (1,500-token shared prefixes, 256-token index blocks, 32-token
+    engine blocks) a hit is 5 blocks, 0.8 of the prompt, to the index and 0.98 to vLLM:
+    a 0.1 tolerance alone would have dropped every cache hit and let only cold prefills
+    teach (the cached-to-cold ratio, the one term that engine gets most wrong, unlearnt)."""
+    policy = Locality()
+    for i, (gpu, cached) in enumerate([(5, 1568), (5, 1568), (0, 1568), (0, 0)]):
+        view = req(f"p{i}", 1600, gpu={"a": gpu}, session=f"s{i}", now=10.0 * i)
+        decision = policy.choose(view, reps("a"))
+        policy.dispatched(view, decision)
+        policy.observe(Outcome(view, decision, True, ttft_s=0.1, total_s=0.2,
+                               at=10.0 * i + 0.2, prompt_tokens=1600, cached_tokens=cached))
+    # The hits the index knew teach; the one it believed cold (another router's) does not.
+    assert (policy.calibration.observations, policy.unexplained) == (3, 1)
