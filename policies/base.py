@@ -67,7 +67,8 @@ class RequestView:
 
     ``session`` is the session key (X-Session-ID header, else the body's ``user``, else a
     hash of the system prompt and first user message). ``prompt_tokens`` is an estimate
-    (the router: the prompt's text length / 4, in token mode too; the simulator: exact).
+    (the router: exact in token mode, ``--tokenizer``; else the prompt's text length / 4;
+    the simulator: exact).
     ``now`` is the caller's clock in seconds, so policies never read one. ``exclude``
     names replicas already tried for this request (failover): a policy must not pick them.
     ``request_id`` is the router's own id, unique per request: never the client's

@@ -124,19 +124,27 @@ class Locator:
         self._pending: set[asyncio.Task[None]] = set()
 
     def chain(self, parsed: ParsedRequest) -> list[BlockKey]:
+        return self.prompt_chain(parsed)[0]
+
+    def prompt_chain(self, parsed: ParsedRequest) -> tuple[list[BlockKey], int]:
+        """The request's block chain and its prompt's length in tokens: exact in token mode
+        (the engine's ids: the index's blocks and the cost model's prompt in one unit),
+        else the text's length / 4."""
+        estimate = parsed.prompt_chars // 4
         if not parsed.hashed:
-            return []
+            return [], estimate
         if self.tokenizer is None:
-            return chain_for_body(parsed.body, parsed.endpoint, block_bytes=self.block_bytes)
+            return chain_for_body(parsed.body, parsed.endpoint,
+                                  block_bytes=self.block_bytes), estimate
         try:
             ids = self.tokenizer.ids(parsed.body, parsed.endpoint)
         except TemplateFailed:
             self.metrics.index_error("template")
-            return []
+            return [], estimate
         salt = parsed.body.get("cache_salt")
         root = root_key(parsed.model or self.default_model,
                         salt if isinstance(salt, str) else None, None)
-        return token_chain(ids, root, self.block_tokens)
+        return token_chain(ids, root, self.block_tokens), len(ids)
 
     async def residency(self, chain: list[BlockKey], *, trusted: bool = False) -> Residency:
         """Where ``chain`` lives (the index, with this router's unsettled dispatches laid

@@ -159,7 +159,8 @@ class Proxy:
             err.request_id = request_id
             raise
 
-    async def _view(self, parsed: ParsedRequest, chain: list[int], request_id: str) -> RequestView:
+    async def _view(self, parsed: ParsedRequest, chain: list[int], tokens: int,
+                    request_id: str) -> RequestView:
         residency = await self.locator.residency(chain)
         return RequestView(
             request_id=request_id,
@@ -167,7 +168,7 @@ class Proxy:
             session=parsed.session,
             endpoint=parsed.route,
             stream=parsed.stream,
-            prompt_tokens=parsed.prompt_chars // 4,
+            prompt_tokens=tokens,
             max_tokens=parsed.max_tokens,
             residency=residency,
             last_replica=self.locator.last_replica(parsed.session),
@@ -180,10 +181,10 @@ class Proxy:
                              for k, v in request.headers.raw)
         headers = [(k, v) for k, v in headers if k.lower() != "x-request-id"]
         headers.append(("x-request-id", request_id))
-        chain = self.locator.chain(parsed)
+        chain, tokens = self.locator.prompt_chain(parsed)
         # Policy state keys on an internal id: the client's X-Request-Id is only echoed and
         # forwarded (two in-flight requests may share it).
-        view = await self._view(parsed, chain, new_id())
+        view = await self._view(parsed, chain, tokens, new_id())
         policy = self.policy  # one object for the whole request, whatever the admin API does
         tried: set[str] = set()
         last_error: UpstreamError | None = None

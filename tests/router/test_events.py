@@ -423,3 +423,34 @@ def test_router_in_token_mode_learns_from_events(start_servers: Any, tmp_path: P
         assert status["index"]["unresolved_blocks"] == 0
     finally:
         pub.close()
+
+
+def test_in_token_mode_the_policy_sees_the_prompt_in_the_index_s_tokens(tmp_path: Path) -> None:
+    """The cost model splits a prompt into cached and new tokens with the index's blocks:
+    in token mode its length is the tokenizer's count, not the text's length / 4 (random
+    or non-English text is far from 4 characters a token: here 3,000 characters are 3,000
+    tokens, and the split would have mixed the index's 2,816 cached tokens with a
+    750-token prompt)."""
+    import time
+
+    from router.locator import Locator
+    from router.metrics import RouterMetrics
+    from router.openai_api import parse_request
+    from router.replicas import ReplicaSet
+    from router.upstream import Upstream
+
+    tok = ChatTokenizer.from_dir(make_tokenizer(tmp_path, "{{ messages[0]['content'] }}"))
+    reps = ReplicaSet(["http://p"], Upstream(connect_timeout_s=1.0, first_byte_timeout_s=1.0),
+                      health_interval_s=1.0, health_timeout_s=1.0, eject_after=3,
+                      readmit_after=1, scrape_interval_s=1.0, clock=time.monotonic)
+    body = {"model": "m", "messages": [{"role": "user", "content": "zq xv " * 500}]}
+    raw = json.dumps(body).encode()
+    ids = tok.ids(body, "chat")
+    token_mode = Locator(MemoryIndex(), RouterMetrics(reps), block_bytes=1024,
+                         pool_write_through=False, tokenizer=tok, block_tokens=256)
+    chain, tokens = token_mode.prompt_chain(parse_request("chat", raw, None))
+    assert tokens == len(ids) and len(chain) == len(ids) // 256
+    assert abs(tokens - 3000 // 4) > 0.5 * tokens  # what the text's length said
+    text_mode = Locator(MemoryIndex(), RouterMetrics(reps), block_bytes=1024,
+                        pool_write_through=False)
+    assert text_mode.prompt_chain(parse_request("chat", raw, None))[1] == 3000 // 4
