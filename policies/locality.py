@@ -81,12 +81,12 @@ vLLM's ``usage.prompt_tokens_details.cached_tokens``) a cached share of the prom
 than ``split_tolerance`` (plus one index block's share) away from the share the estimate
 assumed: the index did not know what the replica held (another router placed it there,
 or it was evicted), and its time would teach the model wrong hardware (with 4 routers on
-``agents`` calibration learnt the pool
-load 4-8x and attention 2x faster than they were from such replies, and lost p90 1.39x to
-``least_loaded``). A first token's lesson therefore waits for the reply's end, where the
-count is (``_Sample``), even the first few that set calibration's scale. ``choose`` is
-pure (it only memoises its estimates for the ``dispatched`` that follows, which no
-decision reads): time comes from ``RequestView.now``.
+``agents`` calibration learnt the pool load 4-8x and attention 2x faster than they were
+from such replies, and lost p90 1.39x to ``least_loaded``). A first token's lesson
+therefore waits for the reply's end, where the count is (``_Sample``), even the first few
+that set calibration's scale. ``choose`` is pure (it only memoises its estimates for the
+``dispatched`` that follows, which no decision reads): time comes from
+``RequestView.now``.
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ class Proxy:
                 continue
             self._acquit(fault, resp.status)
             self._finished(attempt, resp.status, t0, ttft=self.clock() - t0, ok=resp.status < 400,
-                           usage=engine_usage(body))
+                           tail=body)
             return self._buffered(resp, body, attempt, request_id)
         if fault is not None:
             self.metrics.request_done(parsed.route, fault.attempt.replica.url, fault.resp.status,
@@ -304,20 +304,21 @@ class Proxy:
                                     at=self.clock()))
 
     def _finished(self, attempt: _Attempt, status: int, t0: float, *, ttft: float | None,
-                  ok: bool, usage: tuple[int, int] | None) -> None:
+                  ok: bool, tail: bytes) -> None:
         now = self.clock()
         self._close(attempt)
         self.replicas.record_success(attempt.replica, from_probe=False)
-        _after_reply(self._record, attempt, status, now - t0, ttft, ok, now, usage)
+        _after_reply(self._record, attempt, status, now - t0, ttft, ok, now, tail)
 
     def _record(self, attempt: _Attempt, status: int, total_s: float, ttft: float | None,
-                ok: bool, now: float, usage: tuple[int, int] | None) -> None:
+                ok: bool, now: float, tail: bytes) -> None:
         """What a finished reply leaves behind (its metrics, what the policy learns, the
-        prefix now held), once the reply is on its way (``_after_reply``). ``usage``: the
-        engine's (prompt, cached) tokens, if the reply reported them (``router.usage``)."""
+        prefix now held), once the reply is on its way (``_after_reply``). ``tail``: the
+        reply's last bytes, where the engine's usage is (``router.usage``)."""
         self.metrics.request_done(attempt.view.endpoint, attempt.replica.url, status,
                                   attempt.decision.arm, duration_s=total_s, ttft_s=ttft,
                                   predicted_ttft_s=attempt.decision.predicted_ttft_s if ok else None)
+        usage = engine_usage(tail) if ok else None
         prompt, cached = usage if usage is not None else (None, None)
         attempt.policy.observe(Outcome(attempt.view, attempt.decision, ok=ok, ttft_s=ttft,
                                        total_s=total_s, at=now, prompt_tokens=prompt,
@@ -375,9 +376,8 @@ class Proxy:
             if not ended:  # the client left mid-stream: the upstream is closed now
                 self.metrics.client_disconnect("mid_stream")
                 mark_gone(scope)
-            good = ended and ok and resp.status < 400
-            self._finished(attempt, resp.status, t0, ttft=ttft, ok=good,
-                           usage=engine_usage(relay.tail()) if good else None)
+            self._finished(attempt, resp.status, t0, ttft=ttft,
+                           ok=ended and ok and resp.status < 400, tail=relay.tail())
 
         relay = Relay(resp, self._headers(resp, attempt, request_id), first_byte=first_byte,
                       broken=broken, finish=finish)
