@@ -1,25 +1,25 @@
 """Cancel work nobody will read: a client that disconnects cancels its upstream request.
 
 uvicorn does not cancel a handler when its client goes away; it only answers
-``http.disconnect`` to the next ``receive()``. ``unless_gone(work, receive)`` runs the
-request's upstream phase (waiting for the replica's headers, reading a non-streamed
-body) as a task beside a watcher on ``receive()``; a disconnect first cancels the task,
-and cancelling aiohttp mid-request closes the upstream connection, which is how vLLM
-learns to abort the request and free its KV blocks. Once a stream's headers went out,
-Starlette's ``StreamingResponse`` watches for the disconnect itself (ASGI spec 2.3) and
-cancels the body iterator, whose cleanup closes the upstream stream the same way.
+``http.disconnect`` to the next ``receive()``. ``Watch(receive, on_gone)`` watches for that
+answer without a task of its own. ``unless_gone(work, receive)`` runs the request's
+upstream phase (waiting for the replica's headers, reading a non-streamed body) under a
+``Watch`` that cancels the request's task on a disconnect; cancelling the upstream request
+closes its connection, which is how vLLM learns to abort the request and free its KV
+blocks. Once a stream's headers went out, ``router.relay`` watches the same way and its
+cleanup closes the upstream stream.
 
-The request's body must have been read before (it has: ``router.gate`` reads it), so
-the watcher only ever sees ``http.disconnect``.
+The request's body has been read before (``router.gate`` reads it), so a ``Watch`` skips
+any other message and waits for ``http.disconnect``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar, cast
 
-from starlette.types import Receive, Scope
+from starlette.types import Message, Receive, Scope
 
 T = TypeVar("T")
 CLIENT_CLOSED = 499  # nginx's status for "client closed request", in the access log
@@ -29,30 +29,81 @@ class ClientGone(Exception):
     """The client disconnected before its reply started; the upstream work was cancelled."""
 
 
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
+class Watch:
+    """Calls ``on_gone()`` once ``receive()`` answers ``http.disconnect``, without a task.
+
+    The ``receive()`` coroutine is stepped by hand (``coro.send(None)``); when it suspends
+    on a future (uvicorn's: the connection's message event), the next step is that
+    future's done callback. Other messages (a body already read) are skipped and
+    ``receive()`` is asked again. A watcher task cost a task, two steps (start and
+    cancellation) and two event-loop rounds per request; this costs one coroutine and
+    one callback. ``close()`` stops watching (the coroutine is closed, which removes its
+    waiter from the event). An exception from ``receive()`` ends the watch silently, as
+    it ended the watcher task.
+    """
+
+    __slots__ = ("_blocker", "_coro", "_on_gone", "_receive")
+
+    def __init__(self, receive: Receive, on_gone: Callable[[], None]):
+        self._receive, self._on_gone = receive, on_gone
+        self._blocker: Any = None
+        self._coro: Coroutine[Any, Any, Message] | None = self._ask()
+        self._step(None)
+
+    def _ask(self) -> Coroutine[Any, Any, Message]:
+        return cast(Coroutine[Any, Any, Message], self._receive())
+
+    def _step(self, _done: Any) -> None:
+        self._blocker = None
+        while (coro := self._coro) is not None:
+            try:
+                blocker = coro.send(None)
+            except StopIteration as stop:
+                if stop.value.get("type") == "http.disconnect":
+                    self._coro = None
+                    self._on_gone()
+                    return
+                self._coro = self._ask()
+                continue
+            except BaseException:  # receive broke: there is nothing to watch
+                self._coro = None
+                return
+            if blocker is None:  # a bare yield (asyncio.sleep(0)): step again next round
+                self._blocker = asyncio.get_running_loop().call_soon(self._step, None)
+            else:
+                blocker.add_done_callback(self._step)
+                self._blocker = blocker
+            return
+
+    def close(self) -> None:
+        coro, self._coro = self._coro, None
+        blocker, self._blocker = self._blocker, None
+        if isinstance(blocker, asyncio.Handle):
+            blocker.cancel()
+        elif blocker is not None:
+            blocker.remove_done_callback(self._step)
+        if coro is not None:
+            coro.close()
 
 
 async def unless_gone(work: Coroutine[Any, Any, T], receive: Receive) -> T:
     """``await work``, unless the client disconnects first: then ``work`` is cancelled (its
     own cleanup runs, in this task) and ``ClientGone`` is raised.
 
-    One watcher task per request, which cancels this task the way ``asyncio.timeout``
-    does (``uncancel`` tells its cancellation from anyone else's): a version running
-    ``work`` as a second task under ``asyncio.wait`` cost about 130 us more per request.
+    A ``Watch`` on ``receive()`` cancels this task the way ``asyncio.timeout`` does
+    (``uncancel`` tells its cancellation from anyone else's): a version running ``work``
+    as a second task under ``asyncio.wait`` cost about 130 us more per request.
     """
     current = asyncio.current_task()
     assert current is not None
     gone = False
 
-    async def watch() -> None:
+    def on_gone() -> None:
         nonlocal gone
-        await _disconnected(receive)
         gone = True
         current.cancel()
 
-    watcher = asyncio.get_running_loop().create_task(watch())
+    watch = Watch(receive, on_gone)
     try:
         result = await work
     except asyncio.CancelledError:
@@ -60,7 +111,7 @@ async def unless_gone(work: Coroutine[Any, Any, T], receive: Receive) -> T:
             raise ClientGone("client disconnected") from None
         raise
     finally:
-        watcher.cancel()
+        watch.close()
     if gone:  # cancelled, but the work had swallowed it and finished
         current.uncancel()
     return result

@@ -372,13 +372,12 @@ class Proxy:
         def broken(exc: UpstreamStreamBroken) -> None:
             self.metrics.upstream_error(attempt.replica.url, "mid_stream", attempt.decision.arm)
 
-        def finish(ended: bool, ok: bool) -> None:
+        def finish(ended: bool, ok: bool, tail: bytes) -> None:
             if not ended:  # the client left mid-stream: the upstream is closed now
                 self.metrics.client_disconnect("mid_stream")
                 mark_gone(scope)
             self._finished(attempt, resp.status, t0, ttft=ttft,
-                           ok=ended and ok and resp.status < 400, tail=relay.tail())
+                           ok=ended and ok and resp.status < 400, tail=tail)
 
-        relay = Relay(resp, self._headers(resp, attempt, request_id), first_byte=first_byte,
-                      broken=broken, finish=finish)
-        return relay
+        return Relay(resp, self._headers(resp, attempt, request_id), first_byte=first_byte,
+                     broken=broken, finish=finish)

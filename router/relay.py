@@ -9,16 +9,19 @@ chunk through two async generators and ran an anyio task group per request).
 Around the loop, the same contract the ``StreamingResponse`` version had:
 
 - the client's disconnect (uvicorn speaks ASGI 2.3: a send after it is silently dropped,
-  so the disconnect must be watched) cancels the relay at once, from one watcher task on
-  ``receive()``; the cancellation is swallowed, as Starlette's task group did;
+  so the disconnect must be watched) cancels the relay at once, from a
+  ``router.disconnect.Watch`` on ``receive()``; the cancellation is swallowed, as
+  Starlette's task group did;
 - a replica stream that breaks after bytes reached the client ends with an SSE error
   event (``router.errors.sse_error_event``) and a clean close: there is no retry;
 - ``wrap(f)`` lets a route read the bytes as they pass (``f`` maps the chunk iterator to
   one yielding the same chunks: the Responses API learns its response ids this way);
-- ``first_byte()`` runs once, at the first body bytes (TTFT); ``finish(ended, ok)`` runs
+- ``first_byte()`` runs once, at the first body bytes (TTFT); ``finish(ended, ok, tail)`` runs
   exactly once, however the relay ended (``ended``: the replica's stream was read to its
-  end; ``ok``: and it did not break), after the upstream connection is released or closed;
-- ``tail()``: the last two chunks relayed, where the reply's ``usage`` is (``router.usage``).
+  end; ``ok``: and it did not break; ``tail``: the last two chunks relayed, where the
+  reply's ``usage`` is, ``router.usage``), after the upstream connection is released or
+  closed. Nothing here refers back to the proxy's closures, so a finished relay is freed
+  by reference counting, not left to the cyclic GC.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from router.disconnect import Watch
 from router.errors import UpstreamStreamBroken, sse_error_event
 from router.forward import Forward
 from router.upstream import UpstreamResponse
@@ -38,7 +42,7 @@ from router.wire import WireResponse
 class Relay(Response):
     def __init__(self, upstream: UpstreamResponse, raw_headers: list[tuple[bytes, bytes]], *,
                  first_byte: Callable[[], None], broken: Callable[[UpstreamStreamBroken], None],
-                 finish: Callable[[bool, bool], None]):
+                 finish: Callable[[bool, bool, bytes], None]):
         # Response.__init__ would render a body and headers this response does not have.
         self.status_code = upstream.status
         self.raw_headers = raw_headers
@@ -65,14 +69,12 @@ class Relay(Response):
         assert task is not None
         gone = False
 
-        async def watch() -> None:
+        def on_gone() -> None:
             nonlocal gone
-            while (await receive())["type"] != "http.disconnect":
-                pass
             gone = True
             task.cancel()
 
-        watcher = asyncio.get_running_loop().create_task(watch())
+        watch = Watch(receive, on_gone)
         ended = ok = False
         try:
             await send({"type": "http.response.start", "status": self.status_code,
@@ -84,9 +86,9 @@ class Relay(Response):
             if not (gone and task.uncancel() == 0):
                 raise
         finally:
-            watcher.cancel()
+            watch.close()
             self.upstream.abort()
-            self._finish(ended, ok)
+            self._finish(ended, ok, self.tail())
 
     async def _pump(self, send: Send) -> bool:
         """Relay the replica's bytes until its stream ends; False if it broke."""
