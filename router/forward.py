@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
-from starlette.types import Send
+from starlette.types import Message, Send
 
 from router.wire import WireResponse
 
@@ -33,6 +33,8 @@ from router.wire import WireResponse
 class Forward:
     def __init__(self, resp: WireResponse, send: Send, first_byte: Callable[[], None]):
         self.resp, self.send, self.first_byte = resp, send, first_byte
+        # ASGI servers' send is a coroutine function (uvicorn's, and every middleware's).
+        self._step_send = cast(Callable[[Message], Coroutine[Any, Any, None]], send)
         self.first = True
         self.busy = False  # a send is suspended: reads are paused and chunks wait in pending
         self.pending: deque[bytes] = deque()
@@ -62,8 +64,7 @@ class Forward:
         if self.busy:
             self.pending.append(data)
             return
-        # ASGI servers' send is a coroutine function (uvicorn's, and every middleware's).
-        coro = cast(Coroutine[Any, Any, None], self.send(self._message(data)))
+        coro = self._step_send(self._message(data))
         try:
             blocker = coro.send(None)
         except StopIteration:

@@ -193,7 +193,10 @@ class Gate:
                 body = await read_decoded(request, self.max_body_bytes)
                 if tenant is not None and proxied and salt:
                     body = salted(body, tenant)
-            if body is not None or tenant is not None or pinned:
+            # A body the gate left as sent (no coding undone, no salt) is the request's own,
+            # in Starlette's cache already: the request goes on as it came.
+            if tenant is not None or pinned or (
+                    body is not None and body is not getattr(request, "_body", None)):
                 drop = {b"authorization"} if tenant is not None or pinned else set()
                 request = _replayed(request, body, drop | ({PIN_HEADER.encode()} if pinned else set()))
             if access == "public":
