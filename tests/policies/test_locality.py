@@ -418,3 +418,35 @@ def test_the_index_counts_whole_blocks_and_the_engine_its_own_so_a_block_is_no_d
                                at=10.0 * i + 0.2, prompt_tokens=1600, cached_tokens=cached))
     # The hits the index knew teach; the one it believed cold (another router's) does not.
     assert (policy.calibration.observations, policy.unexplained) == (3, 1)
+
+
+def test_copies_of_one_opening_sent_at_once_are_not_herded_onto_one_replica() -> None:
+    """Many clients sending the same opening (no session id: one session key) with their
+    requests in flight together are no conversation. A model that predicts badly widens
+    the hysteresis past the whole score (margin >= 1: nothing ever moves), and kept them
+    all on the replica of the first (97 % of a benchmark's identical requests on one of
+    two). The conversation's next turn, longer than its request in flight, is still kept."""
+    policy = Locality()
+    for i in range(40):  # observed service 3x, then 1/3 of the prediction: error ~1
+        q = req(f"w{i}", 8192, session=f"w{i}", now=100.0 * i)
+        d = policy.choose(q, reps("b"))
+        policy.dispatched(q, d)
+        assert d.predicted_ttft_s is not None
+        ttft = d.predicted_ttft_s * (3.0 if i % 2 else 1 / 3)
+        policy.observe(Outcome(q, d, True, ttft_s=ttft, at=100.0 * i + ttft))
+    assert policy.calibration.error() > 0.85
+    now = 100.0 * 40
+    blocks = 1536 // BT
+    both = {"a": blocks, "b": blocks}
+    placed = []
+    for i in range(40):  # none finishes: all in flight together
+        q = req(f"c{i}", 1600, gpu=both, session="same", now=now + 0.001 * i)
+        d = policy.choose(q, reps("a", "b"))
+        policy.dispatched(q, d)
+        placed.append(d.replica)
+    assert 12 <= placed.count("a") <= 28, placed
+    # A next turn (its prompt extends the one in flight) stays where the session is.
+    policy.dispatched(req("t1", 1600, gpu={"a": blocks}, session="conv", now=now),
+                      Decision("a", "gpu-hit"))
+    t2 = req("t2", 2600, gpu={"a": blocks}, session="conv", now=now + 0.5)
+    assert policy.choose(t2, reps("a", "b")).replica == "a"
