@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import sys
 import tempfile
 import threading
@@ -83,11 +82,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                  "--port", str(port), "--tokens", str(args.events),
                  "--token-delay", str(args.delay_ms / 1000)], port, f"backend {port}"))
         port, log = free_port(), Path(tmp) / "gc.json"
-        env = dict(os.environ)
-        if args.lmroute_path:
-            env["PYTHONPATH"] = args.lmroute_path
-        cmd = ["taskset", "-c", ROUTER_CPU, "env", *(f"{k}={v}" for k, v in env.items()
-               if k == "PYTHONPATH"), py, str(Path(__file__).resolve()), "--launch", str(log),
+        path = [f"PYTHONPATH={args.lmroute_path}"] if args.lmroute_path else []
+        cmd = ["taskset", "-c", ROUTER_CPU, "env", *path, py, str(Path(__file__).resolve()),
+               "--launch", str(log),
                "--", *[a for b in backends for a in ("--backend", f"http://{HOST}:{b}")],
                "--policy", args.policy, "--host", HOST, "--port", str(port),
                "--drain-grace-s", "0", "--no-access-log"]

@@ -21,25 +21,24 @@ class SessionLog:
     on its replica (FIFO: it will be computed before anything queued after it).
 
     It also counts each session's requests in flight: a request no longer than one of
-    the session's requests still in flight does not
-    continue a conversation (a next turn extends its history, so its prompt is longer)
-    but repeats its opening: many clients sending the same system prompt and first
-    message without a session id (a batch job, an eval sampling one prompt many times, a
-    benchmark). ``repeats`` says so."""
+    the session's requests still in flight does not continue a conversation (a next turn
+    extends its history, so its prompt is longer) but repeats its opening: many clients
+    sending the same system prompt and first message without a session id (a batch job,
+    an eval sampling one prompt many times, a benchmark). ``repeats`` says so."""
 
     max_sessions: int = 200_000
     last: dict[str, tuple[str, int, str]] = field(default_factory=dict)  # replica, tokens, id
-    # session -> [requests in flight, the longest prompt among them]
+    # session -> [its requests in flight, the longest prompt sent since it had none]
     _flying: dict[str, list[int]] = field(default_factory=dict)
-    _session_of: dict[str, str] = field(default_factory=dict)  # request in flight -> session
+    _in_flight: set[str] = field(default_factory=set)  # request ids
 
     def sent(self, session: str, replica: str, tokens: int, request_id: str) -> None:
         self.last.pop(session, None)
         self.last[session] = (replica, tokens, request_id)
         if len(self.last) > self.max_sessions:
             del self.last[next(iter(self.last))]
-        if request_id not in self._session_of:
-            self._session_of[request_id] = session
+        if request_id not in self._in_flight:
+            self._in_flight.add(request_id)
             flying = self._flying.setdefault(session, [0, 0])
             flying[0] += 1
             flying[1] = max(flying[1], tokens)
@@ -51,7 +50,8 @@ class SessionLog:
         return flying is not None and tokens <= flying[1]
 
     def finished(self, session: str, request_id: str) -> None:
-        if self._session_of.pop(request_id, None) is not None:
+        if request_id in self._in_flight:
+            self._in_flight.discard(request_id)
             flying = self._flying[session]
             flying[0] -= 1
             if not flying[0]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import zlib
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 
 from router.errors import BadRequest, PayloadTooLarge, UnsupportedEncoding
 
@@ -28,28 +28,14 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise BadRequest("invalid Content-Length header")
         if int(declared) > limit:
             raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
-    # The ASGI messages read directly (Starlette's ``stream()`` is an async generator per
-    # request), leaving Starlette's own state as ``stream()`` and ``body()`` would.
-    if request._stream_consumed:
-        raise RuntimeError("Stream consumed")
     parts: list[bytes] = []
     size = 0
-    receive = request.receive
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            request._is_disconnected = True
-            raise ClientDisconnect()
-        chunk = message.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
-            parts.append(chunk)
-        if not message.get("more_body", False):
-            break
-    request._stream_consumed = True
-    body = parts[0] if len(parts) == 1 else b"".join(parts)
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+        parts.append(chunk)
+    body = b"".join(parts)
     request._body = body  # Starlette's cache: body() and stream() return it from now on
     return body
 

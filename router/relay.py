@@ -10,7 +10,7 @@ Around the loop, the same contract the ``StreamingResponse`` version had:
 
 - the client's disconnect (uvicorn speaks ASGI 2.3: a send after it is silently dropped,
   so the disconnect must be watched) cancels the relay at once, from a
-  ``router.disconnect.Watch`` on ``receive()``; the cancellation is swallowed, as
+  ``router.disconnect.Cancelling`` watch on ``receive()``; the cancellation is swallowed, as
   Starlette's task group did;
 - a replica stream that breaks after bytes reached the client ends with an SSE error
   event (``router.errors.sse_error_event``) and a clean close: there is no retry;
@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from router.disconnect import Watch
+from router.disconnect import Cancelling
 from router.errors import UpstreamStreamBroken, sse_error_event
 from router.forward import Forward
 from router.upstream import UpstreamResponse
@@ -65,16 +65,7 @@ class Relay(Response):
         self._wrap = f if inner is None else (lambda chunks: f(inner(chunks)))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        gone = False
-
-        def on_gone() -> None:
-            nonlocal gone
-            gone = True
-            task.cancel()
-
-        watch = Watch(receive, on_gone)
+        watch = Cancelling(receive)
         ended = ok = False
         try:
             await send({"type": "http.response.start", "status": self.status_code,
@@ -83,7 +74,7 @@ class Relay(Response):
             ended = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not (gone and task.uncancel() == 0):
+            if not watch.ours():
                 raise
         finally:
             watch.close()

@@ -27,7 +27,7 @@ from router.app import create_app
 from router.disconnect import Watch
 from router.settings import Settings
 
-PER_REQUEST = {"Relay", "Forward", "WireResponse", "Watch", "_Attempt", "RequestView",
+PER_REQUEST = {"Relay", "Forward", "WireResponse", "Watch", "Cancelling", "_Attempt", "RequestView",
                "Decision", "RequestResponseCycle", "ParsedRequest", "Outcome"}
 
 
