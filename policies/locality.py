@@ -41,16 +41,20 @@ locality is what is known for sure) plus ``stay_margin_s`` — a session never m
 and with no pool (or an evicted one) moving means a full recompute, so sessions stay put
 as under ``fixed``.
 
-Ties: replicas whose scores are within ``tie_margin`` (relative) of the best are not told
+Ties: replicas whose scores are within ``tie_margin`` (relative; widened, as the
+hysteresis is, by ``distrust`` x the model's running error) of the best are not told
 apart by a model made of estimates (deviations of identical replicas differ by 10-20 %
-from noise alone); among them the fewest of our requests queued wins, then the fewest in
-flight (replies still streaming: sessions placed there will come back; by hash order
-alone, long agent sessions piled up 46 to 188 requests per replica), then the session's
-rendezvous order (the only order when another router's requests are on a candidate: a
-session new to this router may be one another router placed, and the hash order is the
-one all routers agree on). Without it, the replica the calibration believes faster
-wins every tie, and at low load nearly every request is one
-(``tests/policies/test_locality.py``).
+from noise alone, and a model whose predictions are off by its error cannot rank
+scores closer than that: on identical engines far faster than the router, FIFO runs
+credit the replica that gets more with a faster service, it got more still, and a
+benchmark's identical requests went 79-97 % to one of two); among them the fewest of our
+requests queued wins, then the fewest in flight (replies still streaming: sessions
+placed there will come back; by hash order alone, long agent sessions piled up 46 to
+188 requests per replica), then the session's rendezvous order (the only order when
+another router's requests are on a candidate: a session new to this router may be one
+another router placed, and the hash order is the one all routers agree on). Without
+it, the replica the calibration believes faster wins every tie, and at low load nearly
+every request is one (``tests/policies/test_locality.py``).
 
 Wait (FIFO, one prefill at a time per replica, as vLLM schedules long prefills): the
 requests this policy dispatched to ``r`` and whose first token has not arrived form a
@@ -111,8 +115,9 @@ class LocalityConfig:
     ``load_aware_work``: multiply it by 1 + the requests queued per replica;
     ``stay_margin``: relative advantage another replica needs to take a session away;
     ``stay_margin_s``: the same in absolute seconds (added); ``tie_margin``: scores
-    within it (relative) of the best are ties, broken by balance; ``distrust``: the relative
-    margin grows by this times the calibrated model's own error; ``calibrate``: learn online;
+    within it (relative) of the best are ties, broken by balance; ``distrust``: both
+    relative margins grow by this times the calibrated model's own error; ``calibrate``:
+    learn online;
     ``alpha``/``warmup``/``clip``: see ``Calibration``; ``shared_copies``: the extra-work
     charge is divided by 1 + the readers of the prefix it copies (``Residency.readers``);
     ``calibration_rate``: replies per second per replica that teach calibration, beyond
@@ -247,7 +252,8 @@ class Locality(BasePolicy):
         # where other routers send too: a session new to us may be theirs, and the hash
         # order is the placement all routers agree on), then the session's rendezvous
         # order (``min`` is stable), never one replica's edge.
-        bound = low * (1 + self.config.tie_margin)
+        error = self.config.distrust * self.calibration.error()
+        bound = low * (1 + self.config.tie_margin + error)
         tied = [r for r in candidates if scores[r.id] <= bound]
         if len(tied) > 1:
             tied = rendezvous_rank(request.session, tied)
@@ -261,7 +267,7 @@ class Locality(BasePolicy):
         if stay in estimates and not self._sessions.repeats(request.session,
                                                             request.prompt_tokens):
             kept = scores[stay]
-            margin = self.config.stay_margin + self.config.distrust * self.calibration.error()
+            margin = self.config.stay_margin + error
             if kept - scores[best] <= margin * kept + self.config.stay_margin_s:
                 return Decision(stay, "sticky", estimates[stay].ttft_s)
         chosen = estimates[best]
