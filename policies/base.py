@@ -95,7 +95,8 @@ class ReplicaView:
     ``in_flight`` is the router's own count of requests it has outstanding there;
     ``running``/``waiting``/``kv_usage`` are the engine's last scraped
     ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and
-    ``vllm:kv_cache_usage_perc`` (0..1).
+    ``vllm:kv_cache_usage_perc`` (0..1); ``in_flight_at_scrape``: the router's count when
+    that scrape was read (None: unknown, taken as ``in_flight``).
     """
 
     id: ReplicaId
@@ -105,6 +106,15 @@ class ReplicaView:
     running: float = 0.0
     waiting: float = 0.0
     kv_usage: float = 0.0
+    in_flight_at_scrape: int | None = None
+
+    @property
+    def others(self) -> float:
+        """The engine's requests at the last scrape beyond this router's own at that moment:
+        other routers' (or workers'). Against the count now, a scrape up to an interval old
+        saw requests of ours that have ended since, as if another router had sent them."""
+        own = self.in_flight if self.in_flight_at_scrape is None else self.in_flight_at_scrape
+        return max(0.0, self.running + self.waiting - own)
 
     @property
     def load(self) -> float:

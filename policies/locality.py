@@ -61,8 +61,10 @@ requests this policy dispatched to ``r`` and whose first token has not arrived f
 queue; walking it from ``r``'s last first token, each starts at ``max(previous end, its
 dispatch)`` and lasts its predicted service; an overdue head is assumed about to finish.
 ``wait(r)`` is where the walk ends, minus now. Entries leave on ``observe`` (first token,
-end, or failure). Engine-reported waiting requests beyond our own queue (other routers'
-traffic) add ``their count x r's mean observed service time``, where a reply served among
+end, or failure). Other routers' requests waiting at the engine (its scraped waiting
+count, at most its requests beyond ours when that scrape was read: ``ReplicaView.others``;
+against our count now, a scrape up to a second old saw ours that have ended since as
+theirs) add ``their count x r's mean observed service time``, where a reply served among
 other routers' requests counts as its predicted service (its observed time holds theirs:
 the mean reached 1.9-17.5 s per replica with 4 routers on ``mooncake`` past saturation).
 
@@ -75,23 +77,22 @@ Calibration (``policies.calibration``): each first token gives an observed servi
 ``first token - max(its dispatch, r's previous first token)`` (FIFO), which updates the
 fleet's factor on each term of the cost model and each replica's bounded deviation (from
 requests served alone, or from a run of queued requests as one total: an engine that
-batches prefills answers those together), so the prior (the study fit) adapts to the hardware, a
-prior wrong in one term, or an emulator's time scale; beyond ``calibration_rate`` replies a
-second on a replica, one in every k teaches (``Stride``). A request dispatched while the
-engine's scraped counts (running + waiting) exceeded this router's in-flight there was
-served among other routers' requests, whose prefills are in its service time: it teaches
-calibration nothing. Nor does a reply whose engine reports (``Outcome.cached_tokens``,
-vLLM's ``usage.prompt_tokens_details.cached_tokens``) a cached share of the prompt more
-than ``split_tolerance`` (plus one index block's share) away from the share the estimate
-assumed: the index did not know what the replica held (another router placed it there,
-or it was evicted), and its time would teach the model wrong hardware (with 4 routers on
+batches prefills answers those together), so the prior (the study fit) adapts to the
+hardware, a prior wrong in one term, or an emulator's time scale; beyond
+``calibration_rate`` replies a second on a replica, one in every k teaches (``Stride``). A
+request dispatched while the engine held requests not ours (``others``) was served among
+other routers' requests, whose prefills are in its service time: it teaches calibration
+nothing. Nor does a reply whose engine reports (``Outcome.cached_tokens``, vLLM's
+``usage.prompt_tokens_details.cached_tokens``) a cached share of the prompt more than
+``split_tolerance`` (plus one index block's share) away from the share the estimate
+assumed: the index did not know what the replica held (another router placed it there, or
+it was evicted), and its time would teach the model wrong hardware (with 4 routers on
 ``agents`` calibration learnt the pool load 4-8x and attention 2x faster than they were
 from such replies, and lost p90 1.39x to ``least_loaded``). A first token's lesson
 therefore waits for the reply's end, where the count is (``_Sample``), even the first few
 that set calibration's scale. ``choose`` is pure (it only memoises its estimates for the
 ``dispatched`` that follows, which no decision reads): time comes from
-``RequestView.now``.
-"""
+``RequestView.now``. """
 
 from __future__ import annotations
 
@@ -194,12 +195,14 @@ class Locality(BasePolicy):
     # -- prediction -------------------------------------------------------------------
     def estimate(self, request: RequestView, replica: ReplicaView) -> Estimate:
         """The cost model's prediction for ``request`` on ``replica`` (module docstring)."""
-        return self._estimate(request, replica.id, replica.waiting, {})
+        return self._estimate(request, replica.id, min(replica.waiting, replica.others), {})
 
-    def _estimate(self, request: RequestView, rid: str, waiting: float,
+    def _estimate(self, request: RequestView, rid: str, others_waiting: float,
                   terms_of: dict[tuple[int, int, int], Terms]) -> Estimate:
-        """``terms_of``: the prior's terms by token split, shared by the replicas of one
-        decision (most hold the same prefix: none of it, or all of it via the pool)."""
+        """``others_waiting``: other routers' requests waiting at the engine (at most its
+        waiting count and its requests not ours at the last scrape); ``terms_of``: the
+        prior's terms by token split, shared by the replicas of one decision (most hold
+        the same prefix: none of it, or all of it via the pool)."""
         res = request.residency
         bt = res.block_tokens
         split = split_tokens(request.prompt_tokens,
@@ -212,14 +215,9 @@ class Locality(BasePolicy):
             terms = terms_of[split] = self.config.prior.terms(gpu + load, new, load)
         load_s, prefill_s = self.calibration.predict(rid, terms)
         queue = self._queues.get(rid)
-        if queue is None:
-            wait, own_waiting = 0.0, 0
-        else:
-            wait = queue.wait(request.now)
-            # vLLM's "waiting" excludes the request being prefilled (our queue's head).
-            own_waiting = max(0, len(queue.pending) - 1)
-        if waiting > own_waiting:
-            wait += (waiting - own_waiting) * self._service_mean.get(rid, 0.0)
+        wait = 0.0 if queue is None else queue.wait(request.now)
+        if others_waiting > 0:
+            wait += others_waiting * self._service_mean.get(rid, 0.0)
         return Estimate(rid, wait, load_s, prefill_s, *split)
 
     def choose(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision:
@@ -230,8 +228,9 @@ class Locality(BasePolicy):
         # and which replicas hold requests that are not this router's (below).
         foreign: set[str] = set()
         for r in candidates:
-            estimates[r.id] = self._estimate(request, r.id, r.waiting, terms_of)
-            if r.running + r.waiting > r.in_flight:
+            others = r.others
+            estimates[r.id] = self._estimate(request, r.id, min(r.waiting, others), terms_of)
+            if others > 0:
                 foreign.add(r.id)
         self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign)
         services = {rid: e.load_s + e.prefill_s for rid, e in estimates.items()}

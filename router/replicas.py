@@ -58,6 +58,7 @@ class Replica:
     waiting: float = 0.0
     kv_usage: float = 0.0
     scraped_at: float | None = None
+    in_flight_at_scrape: int | None = None  # ours when the last scrape was read
     last_error: str = ""
     draining: bool = False  # no new requests; in-flight ones finish (router.membership)
     # The last view and the state it shows: a frozen view costs ~1.3 us to build, and every
@@ -67,7 +68,7 @@ class Replica:
 
     def view(self) -> ReplicaView:
         state = (self.id, self.url, self.healthy, self.in_flight, self.running, self.waiting,
-                 self.kv_usage)
+                 self.kv_usage, self.in_flight_at_scrape)
         if self._view is not None and self._view[0] == state:
             return self._view[1]
         view = ReplicaView(
@@ -78,6 +79,7 @@ class Replica:
             running=self.running,
             waiting=self.waiting,
             kv_usage=self.kv_usage,
+            in_flight_at_scrape=self.in_flight_at_scrape,
         )
         self._view = (state, view)
         return view
@@ -270,6 +272,7 @@ class ReplicaSet:
         replica.waiting = load["waiting"]
         replica.kv_usage = load["kv_usage"]
         replica.scraped_at = self._clock()
+        replica.in_flight_at_scrape = replica.in_flight
 
     # -- background loops ------------------------------------------------------------
     async def _loop(self, period: float, action: Callable[[Replica], Awaitable[None]]) -> None:

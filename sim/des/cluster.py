@@ -68,8 +68,9 @@ from sim.replica.profiles import Profile
 
 BALANCERS = ("random", "round-robin")
 
-# (running, waiting, kv_usage) of one engine, as a scrape reads them.
-Metrics = tuple[float, float, float]
+# (running, waiting, kv_usage) of one engine as a scrape reads them, and the router's own
+# in-flight count there at that moment.
+Metrics = tuple[float, float, float, int]
 
 
 class Balancer:
@@ -116,6 +117,7 @@ class SimRouter:
         self.phase_s = phase_s
         self.scraped_at = -math.inf  # time of the scrape held in ``metrics``
         self.metrics: dict[str, Metrics] = {}
+        self._ended: list[tuple[float, str]] = []  # replies ended since the last scrape read
 
     def last_scrape_time(self, now: float) -> float:
         """The latest time ``<= now`` of this router's schedule ``phase + k * interval``."""
@@ -129,7 +131,9 @@ class SimRouter:
         engine reports, and between two of them ``waiting(t)``/``running(t)`` are exact
         for any ``t`` at or after the earlier one, so the values read are those at the
         scrape time itself, without scrape events in the loop. A scrape at the instant of
-        an arrival reads the engines before it is admitted.
+        an arrival reads the engines before it is admitted. The router's own in-flight
+        count at the scrape time is today's plus the replies that ended since (no dispatch
+        of its own came in between, or the scrape would have been read then).
         """
         if self.cluster.scrape_interval_s <= 0:
             return
@@ -137,13 +141,18 @@ class SimRouter:
         if at <= self.scraped_at:
             return
         self.scraped_at = at
-        self.metrics = {rid: (float(m.running(at)), float(m.waiting(at)), m.kv_usage())
+        own = dict(self.in_flight)
+        for ended, rid in self._ended:
+            if ended > at:
+                own[rid] += 1
+        self._ended.clear()
+        self.metrics = {rid: (float(m.running(at)), float(m.waiting(at)), m.kv_usage(), own[rid])
                         for rid, m in self.cluster.models.items()}
 
     def engine_metrics(self, rid: str, now: float) -> Metrics:
         if self.cluster.scrape_interval_s <= 0:
             m = self.cluster.models[rid]
-            return float(m.running(now)), float(m.waiting(now)), m.kv_usage()
+            return float(m.running(now)), float(m.waiting(now)), m.kv_usage(), self.in_flight[rid]
         self.scrape(now)
         return self.metrics[rid]
 
@@ -164,14 +173,16 @@ class SimRouter:
     def replica_views(self, now: float) -> list[ReplicaView]:
         views = []
         for rid in self.cluster.ids:
-            running, waiting, kv_usage = self.engine_metrics(rid, now)
+            running, waiting, kv_usage, own = self.engine_metrics(rid, now)
             views.append(ReplicaView(rid, f"sim://{rid}", True, self.in_flight[rid],
-                                     running, waiting, kv_usage))
+                                     running, waiting, kv_usage, own))
         return views
 
-    def complete(self, request: SimRequest, replica: str) -> None:
+    def complete(self, request: SimRequest, replica: str, now: float) -> None:
         """The reply ended: what ``Proxy._finished`` and ``Locator.served`` record."""
         self.in_flight[replica] -= 1
+        if self.cluster.scrape_interval_s > 0:
+            self._ended.append((now, replica))
         self.dispatches.settle(request.request_id)
         self.sessions.remember(request.session, replica)
         if request.chain:
@@ -259,7 +270,7 @@ class Cluster:
         router.dispatches.add(request.request_id, replica, request.chain)
         return plan
 
-    def complete(self, request: SimRequest, replica: str,
+    def complete(self, request: SimRequest, replica: str, now: float,
                  router: SimRouter | None = None) -> None:
         """The reply ended: the router that sent it records it (``SimRouter.complete``)."""
-        (router or self.router).complete(request, replica)
+        (router or self.router).complete(request, replica, now)

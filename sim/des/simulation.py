@@ -145,7 +145,7 @@ class Completion:
 
     def handle(self, now: float) -> list[Arrival]:
         run, req, plan, router = self.run, self.request, self.plan, self.router
-        router.complete(req, self.decision.replica)
+        router.complete(req, self.decision.replica, now)
         run.policies[router.number].observe(Outcome(
             self.view, self.decision, ok=True, ttft_s=plan.ttft_s, total_s=plan.total_s, at=now,
             prompt_tokens=plan.prompt_tokens,

@@ -335,6 +335,29 @@ def test_other_routers_waiting_requests_are_priced_at_our_own_service_not_theirs
     assert waits[3.0] == pytest.approx(3.0)  # among theirs: what it would take alone
 
 
+def test_a_scrape_that_saw_our_own_ended_requests_sees_no_other_router() -> None:
+    """A scrape is up to an interval old: it counted four requests of ours that have ended
+    since. Against our count now (0) they looked like another router's: the reply that
+    follows taught calibration nothing, and they were priced as waiting work, so the one
+    replica everyone had used looked busy and the traffic went to the other (the vLLM
+    pair: 16/104 in one run). Against our count when the scrape was read, they are ours."""
+    stale = ReplicaView(id="a", url="a", running=1.0, waiting=3.0, in_flight_at_scrape=4)
+    theirs = ReplicaView(id="a", url="a", running=1.0, waiting=3.0, in_flight_at_scrape=0)
+    assert stale.others == 0.0 and theirs.others == 4.0
+    learnt, waits = {}, {}
+    for name, replica in (("stale", stale), ("theirs", theirs)):
+        policy = Locality()
+        for i in range(6):
+            view = req(f"x{i}", 8192, session=f"s{i}", now=10.0 * i)
+            decision = policy.choose(view, [replica])
+            policy.dispatched(view, decision)
+            policy.observe(Outcome(view, decision, True, ttft_s=2.0, at=10.0 * i + 2.0))
+        learnt[name] = policy.calibration.observations
+        waits[name] = policy.estimate(req("y", 8192, session="t", now=100.0), replica).wait_s
+    assert learnt == {"stale": 6, "theirs": 0}
+    assert waits["stale"] == 0.0 and waits["theirs"] > 0.0
+
+
 def test_at_thousands_of_replies_a_second_one_in_k_teaches_calibration_without_bias() -> None:
     """A busy replica replying ~2,000 times a second (short requests on a fast engine):
     with ``calibration_rate`` 100 about one reply in 20 teaches calibration, and it

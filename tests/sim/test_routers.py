@@ -150,6 +150,24 @@ def test_a_long_scrape_interval_shows_stale_waiting() -> None:
     assert [(v.running, v.waiting) for v in stale.router.replica_views(1.0)] == later
 
 
+def test_a_stale_scrape_counts_our_own_ended_requests_as_ours() -> None:
+    """One router: whatever a scrape up to a second old saw at the engines was its own.
+    Compared with its in-flight count now (replies have ended since) the scrape shows
+    requests of "other routers"; compared with its count when the scrape was read, none."""
+    docs = _docs(12, 2048, turns=2)  # ~0.25 s prefills, one started every 0.3 s
+    workload = SessionWorkload(docs, starts=[0.3 * i for i in range(12)])
+    cluster = Cluster(TINY, 2, pool_on=False, scrape_interval_s=1.0)
+    run = Run(cluster, create("least_loaded"), workload)
+    cluster.loop.schedule(run.arrivals(workload.initial(0.0)))
+    phantom = 0.0
+    for step in range(1, 80):
+        cluster.loop.run(until=0.05 * step)
+        for v in cluster.router.replica_views(0.05 * step):
+            assert v.others == 0.0
+            phantom += max(0.0, v.running + v.waiting - v.in_flight)
+    assert phantom > 0  # the comparison with the count now would have seen some
+
+
 def test_scrapes_are_staggered_across_routers() -> None:
     cluster = Cluster(TINY, 1, pool_on=False, routers=4, scrape_interval_s=2.0)
     assert [r.last_scrape_time(3.0) for r in cluster.routers] == [2.0, 2.5, 3.0, 1.5]
