@@ -117,6 +117,12 @@ class ReplicaView:
         return max(0.0, self.running + self.waiting - own)
 
     @property
+    def others_waiting(self) -> float:
+        """Other routers' requests waiting at the engine: at most its waiting count and
+        its requests not ours (``others``)."""
+        return min(self.waiting, self.others)
+
+    @property
     def load(self) -> float:
         """In-flight plus queued at the engine: the load measure of ``least_loaded``."""
         return self.in_flight + self.waiting

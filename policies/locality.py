@@ -92,7 +92,8 @@ from such replies, and lost p90 1.39x to ``least_loaded``). A first token's less
 therefore waits for the reply's end, where the count is (``_Sample``), even the first few
 that set calibration's scale. ``choose`` is pure (it only memoises its estimates for the
 ``dispatched`` that follows, which no decision reads): time comes from
-``RequestView.now``. """
+``RequestView.now``.
+"""
 
 from __future__ import annotations
 
@@ -195,13 +196,12 @@ class Locality(BasePolicy):
     # -- prediction -------------------------------------------------------------------
     def estimate(self, request: RequestView, replica: ReplicaView) -> Estimate:
         """The cost model's prediction for ``request`` on ``replica`` (module docstring)."""
-        return self._estimate(request, replica.id, min(replica.waiting, replica.others), {})
+        return self._estimate(request, replica.id, replica.others_waiting, {})
 
     def _estimate(self, request: RequestView, rid: str, others_waiting: float,
                   terms_of: dict[tuple[int, int, int], Terms]) -> Estimate:
-        """``others_waiting``: other routers' requests waiting at the engine (at most its
-        waiting count and its requests not ours at the last scrape); ``terms_of``: the
-        prior's terms by token split, shared by the replicas of one decision (most hold
+        """``others_waiting``: ``ReplicaView.others_waiting``; ``terms_of``: the prior's
+        terms by token split, shared by the replicas of one decision (most hold
         the same prefix: none of it, or all of it via the pool)."""
         res = request.residency
         bt = res.block_tokens
@@ -228,9 +228,8 @@ class Locality(BasePolicy):
         # and which replicas hold requests that are not this router's (below).
         foreign: set[str] = set()
         for r in candidates:
-            others = r.others
-            estimates[r.id] = self._estimate(request, r.id, min(r.waiting, others), terms_of)
-            if others > 0:
+            estimates[r.id] = self._estimate(request, r.id, r.others_waiting, terms_of)
+            if r.others > 0:
                 foreign.add(r.id)
         self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign)
         services = {rid: e.load_s + e.prefill_s for rid, e in estimates.items()}
