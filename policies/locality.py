@@ -26,20 +26,20 @@ Shared copies (``shared_copies``): the extra-work charge is divided by 1 + the r
 ``Residency.readers`` (the router's unsettled requests holding its longest indexed
 prefix): a copy of a document many are reading right now serves them all, and charged
 as one request's loss it waited until the holder's queue was twice its prefill long.
-Own dispatch log (``policies.session_log``): the router records a session's replica and prefix
-only when its reply ends, a queueing delay after the decision; a next turn arriving
-meanwhile would look new and cold and be scattered by load. The policy therefore takes
-the session's replica from its own last dispatch, and counts that request's prompt as
-cached there while it is in flight. (Other sessions sharing a prefix in flight find it
-through the residency itself: the router lays its unsettled dispatches over the index,
-``router.in_flight``.)
+Own dispatch log (``policies.session_log``): the router records a session's replica and
+prefix only when its reply ends; a next turn arriving meanwhile would look new and cold.
+So a session's replica is its own last dispatch's, whose prompt counts as cached there
+while in flight (other sessions find prefixes in flight through ``router.in_flight``).
 Hysteresis: the session's last replica is kept unless another scores better by more than
 ``stay_margin`` (relative; widened by ``distrust`` x the cost model's own running error,
-``Calibration.error()``: a model that predicts badly moves sessions only for gains larger
-than its errors, and falls back towards keeping them put, the robust rule when cache
-locality is what is known for sure) plus ``stay_margin_s`` — a session never moves for nothing,
-and with no pool (or an evicted one) moving means a full recompute, so sessions stay put
-as under ``fixed``.
+``Calibration.error()``, times the share of the prompt the kept replica's GPU holds beyond
+the other's: a model that predicts badly moves sessions only for gains larger than its
+errors, and falls back towards keeping them put, the robust rule when cache locality is
+what is known for sure; where the kept replica holds nothing more, the robust rule is
+balance: an error of ~1.1 on the vLLM pair's ``chat`` kept every session where it began,
+1.34x ``least_loaded``'s mean TTFT) plus ``stay_margin_s`` — a session never moves for
+nothing, and with no pool (or an evicted one) moving means a full recompute, so sessions
+stay put as under ``fixed``.
 
 Ties: replicas whose scores are within ``tie_margin`` (relative; widened, as the
 hysteresis is, by ``distrust`` x the model's running error) of the best are not told
@@ -69,9 +69,8 @@ other routers' requests counts as its predicted service (its observed time holds
 the mean reached 1.9-17.5 s per replica with 4 routers on ``mooncake`` past saturation).
 
 Reasons: ``sticky`` (kept on the session's replica), ``gpu-hit`` / ``pool-hit`` / ``miss``
-(what the chosen replica will do), ``balance`` (the chosen replica is not the one holding
-the most cached tokens: load won over locality), ``failover`` (the session's replica is
-gone or failed this request).
+(what the chosen replica will do), ``balance`` (not the replica holding the most cached
+tokens), ``failover`` (the session's replica is gone or failed this request).
 
 Calibration (``policies.calibration``): each first token gives an observed service time,
 ``first token - max(its dispatch, r's previous first token)`` (FIFO), which updates the
@@ -265,7 +264,11 @@ class Locality(BasePolicy):
         if stay in estimates and not self._sessions.repeats(request.session,
                                                             request.prompt_tokens):
             kept = scores[stay]
-            margin = self.config.stay_margin + error
+            # The error defends only what keeping it is known to save: the share of the
+            # prompt its GPU holds beyond the best's.
+            ahead = max(0, estimates[stay].gpu_tokens - estimates[best].gpu_tokens)
+            margin = self.config.stay_margin + error * min(
+                1.0, ahead / max(1, request.prompt_tokens))
             if kept - scores[best] <= margin * kept + self.config.stay_margin_s:
                 return Decision(stay, "sticky", estimates[stay].ttft_s)
         chosen = estimates[best]

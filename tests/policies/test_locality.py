@@ -231,6 +231,30 @@ def test_a_model_that_predicts_badly_moves_sessions_only_for_large_gains() -> No
     assert decisions == {0.0: "b", 1.0: "a"}
 
 
+def test_a_model_that_predicts_badly_still_moves_a_session_whose_replica_holds_nothing_of_it(
+) -> None:
+    """The same bad model and queue, but nothing of the session's prompt is cached on a
+    (evicted, or never shared): keeping it there saves nothing the model's error could
+    defend, so the session moves to the idle replica as a trusted model would (an error
+    of ~1 had kept every session where it began: chat on the vLLM pair)."""
+    policy = Locality(LocalityConfig(distrust=1.0))
+    for i in range(40):
+        q = req(f"w{i}", 8192, session=f"w{i}", now=100.0 * i)
+        d = policy.choose(q, reps("b"))
+        policy.dispatched(q, d)
+        assert d.predicted_ttft_s is not None
+        ttft = d.predicted_ttft_s * (2.0 if i % 2 else 0.5)
+        policy.observe(Outcome(q, d, True, ttft_s=ttft, at=100.0 * i + ttft))
+    assert policy.calibration.error() > 0.4
+    now = 100.0 * 40
+    policy.dispatched(req("busy", 8192, session="o", now=now), Decision("a", "miss"))
+    held = policy.choose(req("x", 8192 + 300, gpu={"a": 32}, last="a", now=now + 0.1),
+                         reps("a", "b"))
+    assert (held.replica, held.reason) == ("a", "sticky")  # no pool: a move is a recompute
+    gone = policy.choose(req("y", 8192 + 300, last="a", now=now + 0.1), reps("a", "b"))
+    assert gone.replica == "b"
+
+
 def test_equally_good_replicas_share_the_traffic() -> None:
     """Both replicas idle and holding the prefix; the calibration believes a 4 % faster
     (noise, on identical engines). New sessions must not all go to a, and a request
