@@ -242,6 +242,10 @@ class FakeBackend:
             if self.token_delay > 0:
                 for frame in frames:
                     await asyncio.sleep(self.token_delay)
+                    # The client may leave mid-stream (wrk at its deadline); uvloop raises
+                    # RuntimeError, not ConnectionError, on a write to a closed transport.
+                    if writer.is_closing():
+                        return
                     writer.write(frame)
                     await writer.drain()
             else:
