@@ -170,6 +170,11 @@ class Calibration:
         return (t[3] * terms[3] * math.exp(self.log_load.get(replica, 0.0)),
                 prefill * math.exp(self.log_prefill.get(replica, 0.0)))
 
+    def work(self, terms: Terms) -> float:
+        """Seconds of service the fleet's typical replica needs for ``terms``: the work a
+        placement causes, whichever replica does it (no replica's deviation)."""
+        return self._fleet(terms)[1]
+
     def fleet_scale(self) -> float:
         """One number for dashboards: the geometric mean of the term factors."""
         return math.exp(sum(math.log(v) for v in self.term_scale) / 4)

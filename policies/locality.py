@@ -8,12 +8,14 @@ For every healthy candidate replica ``r`` the cost model (``policies.cost``) pre
 from the residency the router looked up (r's GPU prefix, the pool prefix) and the prefill
 work already admitted on ``r``. The score to minimise is
 
-    score(r) = ttft(r) + work_weight * (service(r) - min over replicas of service)
+    score(r) = ttft(r) + work_weight * (work(r) - min over replicas of work)
                        + work_weight * q(r) * service(r)
 
-where service = pool load + prefill. A placement that recomputes what another replica
-could load or hit makes everyone queued behind it wait too, so extra work is charged
-(``work_weight``, default 1). And every second of work placed on ``r`` delays the
+where service = pool load + prefill on r, and work the same for the fleet's typical
+replica (``Calibration.work``: r's deviation is in its service, and counted again here it
+made a replica believed 2x slower score 3x). A placement that recomputes what another
+replica could load or hit makes everyone queued behind it wait too, so extra work is
+charged (``work_weight``, default 1). And every second of work placed on ``r`` delays the
 requests that will queue behind it there before its queue drains, about as many as are
 queued now: ``q(r)`` = r's predicted wait over the mean observed service time (0 on an
 idle replica; off with ``load_aware_work=false``). The first term alone let greedy moves
@@ -44,17 +46,14 @@ stay put as under ``fixed``.
 Ties: replicas whose scores are within ``tie_margin`` (relative; widened, as the
 hysteresis is, by ``distrust`` x the model's running error) of the best are not told
 apart by a model made of estimates (deviations of identical replicas differ by 10-20 %
-from noise alone, and a model whose predictions are off by its error cannot rank
-scores closer than that: on identical engines far faster than the router, FIFO runs
-credit the replica that gets more with a faster service, it got more still, and a
-benchmark's identical requests went 79-97 % to one of two); among them the fewest of our
-requests queued wins, then the fewest in flight (replies still streaming: sessions
-placed there will come back; by hash order alone, long agent sessions piled up 46 to
-188 requests per replica), then the session's rendezvous order (the only order when
-another router's requests are on a candidate: a session new to this router may be one
-another router placed, and the hash order is the one all routers agree on). Without
-it, the replica the calibration believes faster wins every tie, and at low load nearly
-every request is one (``tests/policies/test_locality.py``).
+from noise alone; on identical engines far faster than the router, FIFO runs credit the
+replica that gets more with a faster service, and a benchmark's identical requests went
+79-97 % to one of two); among them the fewest of our requests queued wins, then the
+fewest in flight (replies still streaming: their sessions will come back; by hash order
+alone, long agent sessions piled up 46 to 188 requests per replica), then the session's
+rendezvous order (the only order when another router's requests are on a candidate: it
+is the one all routers agree on). Without it, the replica the calibration believes
+faster wins every tie, and at low load nearly every request is one.
 
 Wait (FIFO, one prefill at a time per replica, as vLLM schedules long prefills): the
 requests this policy dispatched to ``r`` and whose first token has not arrived form a
@@ -89,9 +88,8 @@ it was evicted), and its time would teach the model wrong hardware (with 4 route
 ``agents`` calibration learnt the pool load 4-8x and attention 2x faster than they were
 from such replies, and lost p90 1.39x to ``least_loaded``). A first token's lesson
 therefore waits for the reply's end, where the count is (``_Sample``), even the first few
-that set calibration's scale. ``choose`` is pure (it only memoises its estimates for the
-``dispatched`` that follows, which no decision reads): time comes from
-``RequestView.now``.
+that set calibration's scale. ``choose`` is pure (it memoises its estimates only for the
+``dispatched`` that follows): time comes from ``RequestView.now``.
 """
 
 from __future__ import annotations
@@ -232,7 +230,9 @@ class Locality(BasePolicy):
                 foreign.add(r.id)
         self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign)
         services = {rid: e.load_s + e.prefill_s for rid, e in estimates.items()}
-        least_work = min(services.values())
+        works = {rid: self.calibration.work(terms_of[e.gpu_tokens, e.pool_tokens, e.new_tokens])
+                 for rid, e in estimates.items()}
+        least_work = min(works.values())
         w = self.config.work_weight
         # Extra work that copies a prefix others are reading right now is shared with them.
         extra_w = w / (1 + request.residency.readers) if self.config.shared_copies else w
@@ -241,7 +241,7 @@ class Locality(BasePolicy):
         for rid, e in estimates.items():
             service = services[rid]
             queued = e.wait_s / mean_service if mean_service > 0 else 0.0
-            scores[rid] = (e.wait_s + e.load_s + e.prefill_s + extra_w * (service - least_work)
+            scores[rid] = (e.wait_s + service + extra_w * (works[rid] - least_work)
                            + w * queued * service)
         low = min(scores.values())
         # Scores within tie_margin of the best are not told apart by a model made of

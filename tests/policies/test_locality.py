@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import random
 from collections import deque
 
@@ -277,6 +278,26 @@ def test_equally_good_replicas_share_the_traffic() -> None:
                for i in range(50))  # what it did: every tie to the "faster" one
 
 
+def test_a_replica_believed_slower_is_not_charged_its_slowness_twice() -> None:
+    """Both replicas hold the prefix and are idle; calibration believes b 2x slower and
+    its own error is 1.2 (the vLLM pair's overflow engine, measured only in the bursts that
+    made it overflow). b's slowness is in its predicted service; charged again as extra
+    work, b scored 3x a's, outside even the widened ties, and took nothing. Its score is
+    2x a's: within the model's error, a tie, and new sessions share the two."""
+    policy = Locality()
+    policy.calibration.log_prefill.update(a=0.0, b=math.log(2.0))
+    policy.calibration.abs_error = 1.2
+    blocks = 1536 // BT
+    chosen = [policy.choose(req(str(i), 1600, gpu={"a": blocks, "b": blocks},
+                                session=f"s{i}"), reps("a", "b")).replica
+              for i in range(200)]
+    assert 70 < chosen.count("a") < 130
+    # Work that is really extra (a recompute where the other holds the prefix) still is:
+    # a cold b is not a tie.
+    assert all(policy.choose(req(str(i), 1600, gpu={"a": blocks}, session=f"t{i}"),
+                             reps("a", "b")).replica == "a" for i in range(50))
+
+
 def test_a_new_session_goes_where_fewer_of_ours_are_in_flight_when_the_scores_tie() -> None:
     """Nothing queued before a first token anywhere, but replica a is still streaming three
     replies (its sessions will come back to it): new sessions, which score the same on
@@ -542,4 +563,5 @@ def test_identical_engines_faster_than_the_router_share_its_traffic() -> None:
     for clients in (16, 64):  # before: 17 % and 79 % on a
         policy = Locality()
         assert 0.4 < _router_bound_split(policy, clients) < 0.6
-        assert all(abs(v) < 0.2 for v in policy.calibration.log_prefill.values())
+        # Not at the bounds (log 2 = 0.69): over 8-96 clients noise alone leaves up to 0.28.
+        assert all(abs(v) < 0.35 for v in policy.calibration.log_prefill.values())
