@@ -208,37 +208,10 @@ def test_near_saturation_a_recompute_is_charged_to_the_whole_queue() -> None:
     assert (d.replica, d.reason) == ("b", "pool-hit")
 
 
-def test_a_model_that_predicts_badly_moves_sessions_only_for_large_gains() -> None:
-    """Predictions off by ~2x either way widen the hysteresis: a move the model believes
-    gains ~35 % is within its own error, so the session stays; a trusted model moves it."""
-    decisions = {}
-    for distrust in (0.0, 1.0):
-        policy = Locality(LocalityConfig(distrust=distrust))
-        for i in range(40):  # observed service alternates 2x and 0.5x the prediction
-            q = req(f"w{i}", 8192, session=f"w{i}", now=100.0 * i)
-            d = policy.choose(q, reps("b"))
-            policy.dispatched(q, d)
-            assert d.predicted_ttft_s is not None
-            factor = 2.0 if i % 2 else 0.5
-            ttft = d.predicted_ttft_s * factor
-            policy.observe(Outcome(q, d, True, ttft_s=ttft, at=100.0 * i + ttft))
-        assert policy.calibration.error() > 0.4
-        now = 100.0 * 40
-        # One 8k prefill queued on a; the session (8k on a's GPU, in the pool too) may move.
-        policy.dispatched(req("busy", 8192, session="o", now=now), Decision("a", "miss"))
-        decisions[distrust] = policy.choose(
-            req("x", 8192 + 300, gpu={"a": 32}, pool=32, last="a", now=now + 0.1),
-            reps("a", "b")).replica
-    assert decisions == {0.0: "b", 1.0: "a"}
-
-
-def test_a_model_that_predicts_badly_still_moves_a_session_whose_replica_holds_nothing_of_it(
-) -> None:
-    """The same bad model and queue, but nothing of the session's prompt is cached on a
-    (evicted, or never shared): keeping it there saves nothing the model's error could
-    defend, so the session moves to the idle replica as a trusted model would (an error
-    of ~1 had kept every session where it began: chat on the vLLM pair)."""
-    policy = Locality(LocalityConfig(distrust=1.0))
+def _badly_predicting(distrust: float) -> tuple[Locality, float]:
+    """A policy whose observed service alternated 2x and 0.5x its prediction on b (its
+    running error above 0.4), then one 8k prefill queued on a; (the policy, now)."""
+    policy = Locality(LocalityConfig(distrust=distrust))
     for i in range(40):
         q = req(f"w{i}", 8192, session=f"w{i}", now=100.0 * i)
         d = policy.choose(q, reps("b"))
@@ -249,10 +222,33 @@ def test_a_model_that_predicts_badly_still_moves_a_session_whose_replica_holds_n
     assert policy.calibration.error() > 0.4
     now = 100.0 * 40
     policy.dispatched(req("busy", 8192, session="o", now=now), Decision("a", "miss"))
-    held = policy.choose(req("x", 8192 + 300, gpu={"a": 32}, last="a", now=now + 0.1),
+    return policy, now + 0.1
+
+
+def test_a_model_that_predicts_badly_moves_sessions_only_for_large_gains() -> None:
+    """Predictions off by ~2x either way widen the hysteresis: a move the model believes
+    gains ~35 % is within its own error, so the session stays; a trusted model moves it."""
+    decisions = {}
+    for distrust in (0.0, 1.0):
+        policy, now = _badly_predicting(distrust)
+        # The session (8k on a's GPU, in the pool too) may move.
+        decisions[distrust] = policy.choose(
+            req("x", 8192 + 300, gpu={"a": 32}, pool=32, last="a", now=now),
+            reps("a", "b")).replica
+    assert decisions == {0.0: "b", 1.0: "a"}
+
+
+def test_a_model_that_predicts_badly_still_moves_a_session_whose_replica_holds_nothing_of_it(
+) -> None:
+    """The same bad model and queue, but nothing of the session's prompt is cached on a
+    (evicted, or never shared): keeping it there saves nothing the model's error could
+    defend, so the session moves to the idle replica as a trusted model would (an error
+    of ~1 had kept every session where it began: chat on the vLLM pair)."""
+    policy, now = _badly_predicting(1.0)
+    held = policy.choose(req("x", 8192 + 300, gpu={"a": 32}, last="a", now=now),
                          reps("a", "b"))
     assert (held.replica, held.reason) == ("a", "sticky")  # no pool: a move is a recompute
-    gone = policy.choose(req("y", 8192 + 300, last="a", now=now + 0.1), reps("a", "b"))
+    gone = policy.choose(req("y", 8192 + 300, last="a", now=now), reps("a", "b"))
     assert gone.replica == "b"
 
 
