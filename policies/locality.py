@@ -229,7 +229,6 @@ class Locality(BasePolicy):
             if r.others > 0:
                 foreign.add(r.id)
         self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign)
-        services = {rid: e.load_s + e.prefill_s for rid, e in estimates.items()}
         works = {rid: self.calibration.work(terms_of[e.gpu_tokens, e.pool_tokens, e.new_tokens])
                  for rid, e in estimates.items()}
         least_work = min(works.values())
@@ -239,7 +238,7 @@ class Locality(BasePolicy):
         mean_service = self._mean_service()
         scores: dict[str, float] = {}
         for rid, e in estimates.items():
-            service = services[rid]
+            service = e.load_s + e.prefill_s
             queued = e.wait_s / mean_service if mean_service > 0 else 0.0
             scores[rid] = (e.wait_s + service + extra_w * (works[rid] - least_work)
                            + w * queued * service)
