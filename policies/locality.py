@@ -114,9 +114,9 @@ class LocalityConfig:
     ``load_aware_work``: multiply it by 1 + the requests queued per replica;
     ``stay_margin``: relative advantage another replica needs to take a session away;
     ``stay_margin_s``: the same in absolute seconds (added); ``tie_margin``: scores
-    within it (relative) of the best are ties, broken by balance; ``distrust``: both
-    relative margins grow by this times the calibrated model's own error; ``calibrate``:
-    learn online;
+    within it (relative) of the best are ties, broken by balance; ``distrust``: the tie
+    margin grows by this times the calibrated model's own error, the stay margin by that
+    times the prompt's share only the kept replica's GPU holds; ``calibrate``: learn online;
     ``alpha``/``warmup``/``clip``: see ``Calibration``; ``shared_copies``: the extra-work
     charge is divided by 1 + the readers of the prefix it copies (``Residency.readers``);
     ``calibration_rate``: replies per second per replica that teach calibration, beyond
