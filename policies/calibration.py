@@ -117,7 +117,7 @@ def _bound_covariance(p: list[list[float]], cap: float) -> None:
     1,250th request on). Scaling row and column ``i`` by ``sqrt(cap / p[i][i])`` keeps
     the matrix symmetric positive semi-definite (a congruence) and every correlation as
     it was."""
-    big = [i for i in range(4) if p[i][i] > cap]
+    big = [i for i, row in enumerate(p) if row[i] > cap]
     if not big:
         return
     # Only the rows and columns of the variances over the cap change (a variance that
@@ -197,7 +197,8 @@ class Calibration:
             if not queued:
                 share, rest = self._offset(terms, observed_s, 1.0)
                 self._update_replica("alone", replica, share, rest)
-            self._add_to_run(replica, terms, observed_s, queued)
+            if self._add_to_run(replica, terms, observed_s, queued) or not queued:
+                self._deviations()  # once, from all this reply's evidence
         return r
 
     def _offset(self, terms: Terms, observed_s: float, count: float) -> tuple[float, float]:
@@ -228,25 +229,29 @@ class Calibration:
         self._update_terms(replica, terms, service, math.exp(r))
         return r
 
-    def _add_to_run(self, replica: str, terms: Terms, observed_s: float, queued: bool) -> None:
+    def _add_to_run(self, replica: str, terms: Terms, observed_s: float, queued: bool) -> bool:
         """Sum a FIFO run's observed and predicted (fleet, no deviation) times: within a run
-        the split of time between requests is the engine's scheduler's, its total is not."""
-        if not queued:
-            self._close_run(replica)
+        the split of time between requests is the engine's scheduler's, its total is not.
+        Returns whether a run closed (new evidence)."""
+        closed = False if queued else self._close_run(replica)
         load, fleet = self._fleet(terms)
         run = self._runs.setdefault(replica, [0.0] * 4)  # count, observed, load, fleet
-        for k, v in enumerate((1.0, observed_s, load, fleet)):
-            run[k] += v
+        run[0] += 1.0
+        run[1] += observed_s
+        run[2] += load
+        run[3] += fleet
         if run[0] >= self.run_max:
-            self._close_run(replica)
+            closed = self._close_run(replica) or closed
+        return closed
 
-    def _close_run(self, replica: str) -> None:
+    def _close_run(self, replica: str) -> bool:
         run = self._runs.pop(replica, None)
         if run is None or run[1] <= 0 or run[3] <= 0:
-            return
+            return False
         bound = math.log(self.clip)
         rest = max(-bound, min(bound, math.log(run[1] / run[3])))
         self._update_replica("runs", replica, run[2] / run[3], rest)
+        return True
 
     def _update_terms(self, replica: str, terms: Terms, service: float, ratio: float) -> None:
         if not self._cov:  # after warm-up: one scale known, each term's share free
@@ -278,14 +283,14 @@ class Calibration:
                 part[0] = k * part[0] + new
                 part[1] = k * part[1] + new * r
                 part[2] = k * part[2] + new * r * r
+
+    def _deviations(self) -> None:
         # Like for like: unqueued requests while every replica has enough of them (no
         # batching in them), else runs (a busy fleet, where nothing is served alone).
         alone, runs = self._evidence["alone"], self._evidence["runs"]
         enough = (all(rid in alone for rid in runs)
                   and all(a[0][0] + a[1][0] >= self.alone_min for a in alone.values()))
-        self._deviations(alone if enough else runs)
-
-    def _deviations(self, evidence: dict[str, tuple[list[float], list[float]]]) -> None:
+        evidence = alone if enough else runs
         bound = math.log(self.max_deviation)
         prior_var = (bound / 2) ** 2
         for index, table in enumerate((self.log_prefill, self.log_load)):
@@ -350,6 +355,8 @@ class Stride:
         self.countdown -= 1
         if self.countdown > 0:
             return False
-        self.countdown = (max(1, int(1.0 / (self.interval * self.rate)))
+        # Rounded up, so that no more than ``rate`` a second teach (rounded down, a
+        # replica replying 1.9 times ``rate`` a second taught on every reply).
+        self.countdown = (max(1, math.ceil(1.0 / (self.interval * self.rate)))
                           if self.interval else 1)
         return True

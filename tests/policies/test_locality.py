@@ -558,6 +558,8 @@ def test_identical_engines_faster_than_the_router_share_its_traffic() -> None:
     by no more than its error, so such scores tie and the queues decide."""
     for clients in (16, 64):  # before: 17 % and 79 % on a
         policy = Locality()
-        assert 0.4 < _router_bound_split(policy, clients) < 0.6
+        # Over 8-96 clients (every 8th) noise alone leaves up to 0.125 from an even split,
+        # whichever replies teach calibration (one in k, k rounded down or up).
+        assert 0.35 < _router_bound_split(policy, clients) < 0.65
         # Not at the bounds (log 2 = 0.69): over 8-96 clients noise alone leaves up to 0.28.
         assert all(abs(v) < 0.35 for v in policy.calibration.log_prefill.values())
