@@ -102,6 +102,18 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
+def decisions(url: str) -> dict[str, float]:
+    """The router's decisions by reason (``lmroute_decisions_total``), warm-up included."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        if family.name == "lmroute_decisions":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    reason = sample.labels.get("reason", "")
+                    out[reason] = out.get(reason, 0.0) + sample.value
+    return out
+
+
 def client_args(workload: str, args: argparse.Namespace, base: str, model: Path,
                 result: Path, trace: Path, seed: int) -> list[str]:
     common = ["bench", "serve", "--backend", "vllm", "--base-url", base, "--endpoint",
@@ -143,8 +155,9 @@ def one_run(engines: list[VllmServer], model: Path, policy: str, workload: str,
             raise RuntimeError(f"vllm bench serve failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
         after = [scrape(e.url) for e in engines]
         # what the policy had learnt (locality: calibration factors) and the replicas' health
-        state = {route: httpx.get(lm.url + route, timeout=10).json()
-                 for route in ("/policy", "/replicas")}
+        state: dict[str, Any] = {route: httpx.get(lm.url + route, timeout=10).json()
+                                 for route in ("/policy", "/replicas")}
+        state["decisions"] = decisions(lm.url)
     finally:
         lm.stop()
     detail = json.loads(result.read_text())
@@ -282,7 +295,7 @@ def main() -> int:
                         print(f"[{time.perf_counter() - t0:6.0f} s] rep {rep} {workload:6s} "
                               f"{policy:16s} mean {run['mean_ttft_s']:.3f} p90 "
                               f"{run['p90_ttft_s']:.3f} hit {run['hit_rate']:.3f} split "
-                              f"{run['split']}", flush=True)
+                              f"{run['split']} {run['router']['decisions']}", flush=True)
         finally:
             for e in engines:
                 e.stop()
