@@ -329,7 +329,7 @@ class Calibration:
 @dataclass(slots=True)
 class Stride:
     """Which of a replica's replies teach calibration: every ``k``-th, ``k`` = the
-    replica's reply rate over ``rate`` (at least 1), the rate an EWMA (weight ``1/16``)
+    replica's reply rate over ``rate`` rounded up (at least 1), the rate an EWMA (weight ``1/16``)
     of the intervals between its replies.
 
     A reply costs calibration ~12 us of CPU in a loop, ~50 us inside the router (its
