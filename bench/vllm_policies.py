@@ -22,7 +22,9 @@ workload through it. Two workloads:
 Measured per run: TTFT of every request (the client's ``--save-detailed`` result), each
 replica's prefix-cache hit rate (``vllm:prefix_cache_hits`` / ``vllm:prefix_cache_queries``
 deltas over the run, from the engines' own ``/metrics``) and the traffic split
-(``vllm:request_success`` deltas). Per workload, policy: means over repetitions; for
+(``vllm:request_success`` deltas), and the router's decisions by reason
+(``lmroute_decisions_total``; a ``balance`` decision copies a prefix to a replica that did
+not hold it). Per workload, policy: means over repetitions; for
 ``locality`` against each other policy, the ratio of means with a 95 % t-interval over the
 repetitions, paired (policies run back to back inside a repetition).
 
