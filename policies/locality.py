@@ -229,9 +229,9 @@ class Locality(BasePolicy):
             if r.others > 0:
                 foreign.add(r.id)
         self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign)
-        works = {rid: self.calibration.work(terms_of[e.gpu_tokens, e.pool_tokens, e.new_tokens])
-                 for rid, e in estimates.items()}
-        least_work = min(works.values())
+        # The fleet's work per token split (replicas holding the same prefix share one).
+        work_of = {split: self.calibration.work(terms) for split, terms in terms_of.items()}
+        least_work = min(work_of.values())
         w = self.config.work_weight
         # Extra work that copies a prefix others are reading right now is shared with them.
         extra_w = w / (1 + request.residency.readers) if self.config.shared_copies else w
@@ -240,7 +240,8 @@ class Locality(BasePolicy):
         for rid, e in estimates.items():
             service = e.load_s + e.prefill_s
             queued = e.wait_s / mean_service if mean_service > 0 else 0.0
-            scores[rid] = (e.wait_s + service + extra_w * (works[rid] - least_work)
+            work = work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens]
+            scores[rid] = (e.wait_s + service + extra_w * (work - least_work)
                            + w * queued * service)
         low = min(scores.values())
         # Scores within tie_margin of the best are not told apart by a model made of
