@@ -72,6 +72,9 @@ def summarise(raw: str, top: int = 25) -> str:
     out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in mine[:top]]
     out += ["", f"top {top} functions by total time:"]
     out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in incl_fn.most_common(top)]
+    mine = [(f, n) for f, n in incl_fn.most_common() if group_of(f) in ("router", "policies")]
+    out += ["", f"top {2 * top} router/policies functions by total time:"]
+    out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in mine[:2 * top]]
     return "\n".join(out)
 
 

@@ -259,6 +259,8 @@ class GauntletConfig:
     oracle_prior: bool = False
     knee_iters: int = 3
     knees: tuple[tuple[str, float], ...] = ()  # given knees (workload, rate scale): no search
+    # (workload, light-load p90 s, SLO p90 s) of given knees, from an earlier run: capacity
+    knee_slos: tuple[tuple[str, float, float], ...] = ()
     axis_workloads: tuple[str, ...] = AXIS_WORKLOADS
     shared_index: bool = False  # several routers share one index (``--index redis://``)
     jobs: int = 1
@@ -296,6 +298,7 @@ def run_gauntlet(cfg: GauntletConfig, progress: Progress | None = None) -> dict[
     # Every cell of the design runs now; ``skipped`` stays in the document's schema.
     skipped: list[dict[str, str]] = []
     given = dict(cfg.knees)
+    slos = {w: (light, slo) for w, light, slo in cfg.knee_slos}
     runner = Runner(cfg.jobs, progress)
     t0 = now_s()
     try:
@@ -303,6 +306,8 @@ def run_gauntlet(cfg: GauntletConfig, progress: Progress | None = None) -> dict[
         for w in cfg.workloads:
             if w in given:
                 knees[w] = {"rate_scale": given[w], "given": True}
+                if w in slos:
+                    knees[w].update(light_p90_s=slos[w][0], slo_p90_s=slos[w][1])
                 continue
             progress.start(len(baselines) * (5 + cfg.knee_iters), f"knee {w}")
             knees[w] = find_knee(w, baselines, runner, duration_s=cfg.duration_s,

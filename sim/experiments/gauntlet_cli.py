@@ -42,12 +42,32 @@ def _knees(items: list[str] | None) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
+def _knees_from(path: str | None, given: tuple[tuple[str, float], ...]
+                ) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float, float], ...]]:
+    """``given`` plus the knees of an earlier run's JSON (``--knees-from``), with their
+    light-load p90 and SLO (for capacity); ``--knee`` wins over the file."""
+    if not path:
+        return given, ()
+    import orjson
+
+    with open(path, "rb") as f:
+        recorded: dict[str, dict[str, Any]] = orjson.loads(f.read())["knees"]
+    named = dict(given)
+    knees = list(given) + [(w, float(k["rate_scale"])) for w, k in recorded.items()
+                           if w not in named]
+    slos = tuple((w, float(k["light_p90_s"]), float(k["slo_p90_s"]))
+                 for w, k in recorded.items()
+                 if w not in named and k.get("slo_p90_s") is not None)
+    return tuple(knees), slos
+
+
 def config(args: argparse.Namespace) -> Any:
     """The ``GauntletConfig`` of parsed options (quick or full defaults where not given)."""
     from sim.experiments.gauntlet import GauntletConfig, default_jobs
 
     d = QUICK if args.quick else FULL
     pick = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in d.items()}
+    knees, slos = _knees_from(args.knees_from, _knees(args.knee))
     return GauntletConfig(
         workloads=_split(pick["workloads"]), policies=_split(pick["policies"]),
         hardware=_split(pick["hardware"]), replicas=tuple(int(x) for x in _split(pick["replicas"])),
@@ -55,7 +75,7 @@ def config(args: argparse.Namespace) -> Any:
         loads=tuple(float(x) for x in _split(pick["loads"])), seeds=int(pick["seeds"]),
         duration_s=float(pick["duration"]), base_profile=args.profile,
         oracle_prior=args.oracle_prior, knee_iters=int(pick["knee_iters"]),
-        knees=_knees(args.knee), shared_index=args.shared_index,
+        knees=knees, knee_slos=slos, shared_index=args.shared_index,
         jobs=args.jobs if args.jobs else default_jobs())
 
 
@@ -70,13 +90,14 @@ def command(args: argparse.Namespace) -> int:
     try:
         cfg = config(args)
         cfg.validate()
-    except (UnknownPolicy, KeyError, ValueError, OSError) as exc:
+    except (UnknownPolicy, KeyError, TypeError, ValueError, OSError) as exc:
         print(f"lmroute sim: {exc}", file=sys.stderr)
         return 2
     with report.progress_bar("gauntlet") as bar:
         run = run_gauntlet(cfg, progress=bar)
     params = {**dataclasses.asdict(cfg), "quick": bool(args.quick)}
     params["knees"] = [list(k) for k in cfg.knees]
+    params["knee_slos"] = [list(k) for k in cfg.knee_slos]
     doc = gauntlet_report.document(params, run)
     print(gauntlet_report.markdown(doc))
     print(f"wall time {run['wall_s']:.0f} s")
@@ -104,6 +125,9 @@ def add_gauntlet(scenarios: Any) -> None:
     p.add_argument("--knee-iters", type=int, default=None, help="bisection steps of the knee")
     p.add_argument("--knee", action="append", default=None, metavar="WORKLOAD=SCALE",
                    help="a known knee (rate scale): skip its search; repeatable")
+    p.add_argument("--knees-from", default=None, metavar="JSON",
+                   help="an earlier run's knees and SLOs (its JSON): skip their search, keep "
+                        "capacity; --knee wins")
     p.add_argument("--quick", action="store_true", help="a small subset (< 5 min on 2 cores)")
     p.add_argument("--oracle-prior", action="store_true",
                    help="add a locality+oracle-prior arm (the profile as its prior)")

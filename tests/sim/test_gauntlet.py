@@ -134,3 +134,37 @@ def test_a_tiny_gauntlet_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureF
 def test_bad_workload_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sim", "gauntlet", "--workloads", "nope"]) == 2
     assert "unknown workloads" in capsys.readouterr().err
+
+
+def test_knees_from_an_earlier_run_skip_the_search_and_keep_capacity(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"knees": {"long": {
+        "rate_scale": 0.5, "light_p90_s": 30.0, "slo_p90_s": 150.0, "probes": []}}}))
+    out = tmp_path / "g.json"
+    args = ["sim", "gauntlet", "--workloads", "long", "--policies", "locality,round_robin",
+            "--loads", "1", "--seeds", "1", "--duration", "60", "--hardware", "study-27b",
+            "--replicas", "4", "--routers", "1", "--jobs", "1", "--knees-from", str(earlier),
+            "--json", str(out)]
+    assert main(args) == 0
+    doc = json.loads(out.read_text())
+    assert doc["knees"]["long"] == {"rate_scale": 0.5, "given": True, "light_p90_s": 30.0,
+                                    "slo_p90_s": 150.0}
+    assert {r["rate_scale"] for r in doc["rows"]} == {0.5}
+    # The SLO came with the knee, so capacity is judged (without it, it would be None).
+    assert doc["capacity"] and all(c["slo_p90_s"] == 150.0 and c["capacity"] is not None
+                                   for c in doc["capacity"])
+    # An explicit --knee wins over the file, and then no SLO is claimed for it.
+    assert main([*args, "--knee", "long=0.25"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["knees"]["long"] == {"rate_scale": 0.25, "given": True}
+    assert {r["rate_scale"] for r in doc["rows"]} == {0.25}
+    capsys.readouterr()
+
+
+def test_knees_from_a_file_without_knees_exits_2(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["sim", "gauntlet", "--workloads", "long", "--knees-from", str(bad)]) == 2
+    assert "knees" in capsys.readouterr().err
