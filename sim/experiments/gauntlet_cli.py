@@ -51,13 +51,17 @@ def _knees_from(path: str | None, given: tuple[tuple[str, float], ...]
     import orjson
 
     with open(path, "rb") as f:
-        recorded: dict[str, dict[str, Any]] = orjson.loads(f.read())["knees"]
+        doc = orjson.loads(f.read())
     named = dict(given)
-    knees = list(given) + [(w, float(k["rate_scale"])) for w, k in recorded.items()
-                           if w not in named]
-    slos = tuple((w, float(k["light_p90_s"]), float(k["slo_p90_s"]))
-                 for w, k in recorded.items()
-                 if w not in named and k.get("slo_p90_s") is not None)
+    try:
+        recorded: dict[str, dict[str, Any]] = doc["knees"]
+        knees = list(given) + [(w, float(k["rate_scale"])) for w, k in recorded.items()
+                               if w not in named]
+        slos = tuple((w, float(k["light_p90_s"]), float(k["slo_p90_s"]))
+                     for w, k in recorded.items()
+                     if w not in named and k.get("slo_p90_s") is not None)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"--knees-from {path}: not a gauntlet JSON with knees ({exc!r})") from exc
     return tuple(knees), slos
 
 
@@ -90,7 +94,7 @@ def command(args: argparse.Namespace) -> int:
     try:
         cfg = config(args)
         cfg.validate()
-    except (UnknownPolicy, KeyError, TypeError, ValueError, OSError) as exc:
+    except (UnknownPolicy, KeyError, ValueError, OSError) as exc:
         print(f"lmroute sim: {exc}", file=sys.stderr)
         return 2
     with report.progress_bar("gauntlet") as bar:

@@ -165,6 +165,7 @@ def test_knees_from_an_earlier_run_skip_the_search_and_keep_capacity(
 def test_knees_from_a_file_without_knees_exits_2(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
-    bad.write_text("{}")
-    assert main(["sim", "gauntlet", "--workloads", "long", "--knees-from", str(bad)]) == 2
-    assert "knees" in capsys.readouterr().err
+    for text in ("{}", '{"knees": {"long": {"light_p90_s": 1.0}}}', '{"knees": [1]}'):
+        bad.write_text(text)
+        assert main(["sim", "gauntlet", "--workloads", "long", "--knees-from", str(bad)]) == 2
+        assert "not a gauntlet JSON with knees" in capsys.readouterr().err
