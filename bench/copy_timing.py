@@ -17,16 +17,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
-import random
 
 import numpy as np
 
 from sim.des.generators import GENERATORS
-from sim.des.workload import Workload
-from sim.experiments.arms import parse_policy, run_arm
-from sim.experiments.gauntlet import BASE_REPLICAS, WARMUP, hardware_row
-from sim.replica.profiles import load_profile
+from sim.experiments.gauntlet import BASE_REPLICAS, Job, measured, records
 
 
 def main() -> int:
@@ -41,29 +36,21 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=400.0)
     ap.add_argument("--min-tokens", type=int, default=20000)
     args = ap.parse_args()
-    profile, pool_on, slow = hardware_row(args.hardware, load_profile("study-27b"))
-    gen = GENERATORS[args.workload]
-    scale = args.knee * args.load * args.replicas / BASE_REPLICAS
-
-    def workload(rng: random.Random) -> Workload:
-        return gen(rng, scale, args.duration, profile.chunk_tokens)
-
     for policy in args.policies.split(","):
-        arm = dataclasses.replace(parse_policy(policy), pool_on=pool_on)
         for seed in (int(s) for s in args.seeds.split(",")):
-            records = run_arm(profile, args.replicas, arm, workload, seed,
-                              replica_profiles={"r0": slow} if slow is not None else None).records
-            window = np.array([r.ttft_s for r in records
-                               if WARMUP * args.duration <= r.arrival < args.duration and r.measured])
+            job = Job(args.workload, args.hardware, args.replicas, 1, args.knee * args.load,
+                      policy, seed, args.duration, "study-27b")
+            done = records(job)
+            window = np.array([r.ttft_s for r in measured(job, done)])
             per_minute: dict[int, list[float]] = collections.defaultdict(list)
-            for r in records:
+            for r in done:
                 if r.arrival < args.duration:
                     per_minute[int(r.arrival // 60)].append(r.ttft_s)
             print(f"{policy} seed {seed}: mean {window.mean():.2f} s, p90 "
                   f"{np.percentile(window, 90):.2f} s over {window.size} requests; per minute "
                   f"{[round(float(np.mean(v)), 1) for _, v in sorted(per_minute.items())]}; "
-                  f"{dict(collections.Counter(r.reason for r in records))}")
-            computed = [r for r in sorted(records, key=lambda r: r.arrival)
+                  f"{dict(collections.Counter(r.reason for r in done))}")
+            computed = [r for r in sorted(done, key=lambda r: r.arrival)
                         if r.prompt_tokens >= args.min_tokens
                         and r.gpu_hit_tokens < r.prompt_tokens / 2]
             for r in computed:

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from sim.des.generators import GENERATORS
+from sim.des.simulation import Record
 from sim.des.workload import Workload
 from sim.experiments.arms import NoProgress, Progress, parse_policy, run_arm
 from sim.replica.profiles import Profile, load_profile
@@ -139,8 +140,8 @@ def design(workloads: Sequence[str], hardware: Sequence[str], replicas: Sequence
     return cells
 
 
-def simulate(job: Job) -> list[float]:
-    """The measured TTFTs (seconds) of one job: arrivals in ``[WARMUP * T, T)``."""
+def records(job: Job) -> list[Record]:
+    """Every finished request of one job's simulation."""
     profile, pool_on, slow = hardware_row(job.hardware, load_profile(job.base_profile))
     arm = dataclasses.replace(parse_policy(job.policy), pool_on=pool_on)
     gen = GENERATORS[job.workload]
@@ -149,11 +150,20 @@ def simulate(job: Job) -> list[float]:
     def workload(rng: random.Random) -> Workload:
         return gen(rng, scale, job.duration_s, profile.chunk_tokens)
 
-    records = run_arm(profile, job.replicas, arm, workload, job.seed, routers=job.routers,
-                      replica_profiles={"r0": slow} if slow is not None else None,
-                      shared_index=job.shared_index).records
+    return run_arm(profile, job.replicas, arm, workload, job.seed, routers=job.routers,
+                   replica_profiles={"r0": slow} if slow is not None else None,
+                   shared_index=job.shared_index).records
+
+
+def measured(job: Job, done: Sequence[Record]) -> list[Record]:
+    """The requests the gauntlet measures: arrivals in ``[WARMUP * T, T)``."""
     lo = WARMUP * job.duration_s
-    return [r.ttft_s for r in records if lo <= r.arrival < job.duration_s and r.measured]
+    return [r for r in done if lo <= r.arrival < job.duration_s and r.measured]
+
+
+def simulate(job: Job) -> list[float]:
+    """The measured TTFTs (seconds) of one job."""
+    return [r.ttft_s for r in measured(job, records(job))]
 
 
 def summarise(ttfts: Sequence[float]) -> dict[str, float]:
