@@ -28,6 +28,9 @@ Shared copies (``shared_copies``): the extra-work charge is divided by 1 + the r
 ``Residency.readers`` (the router's unsettled requests holding its longest indexed
 prefix): a copy of a document many are reading right now serves them all, and charged
 as one request's loss it waited until the holder's queue was twice its prefill long.
+A copy's benefit (``copy_benefit``, ``policies.copy_benefit``): it also serves the
+prefix's later readers, who would queue at its holder: a replica that would copy scores
+lower by what the readers in flight would save, never below its score as a holder.
 Own dispatch log (``policies.session_log``): the router records a session's replica and
 prefix only when its reply ends; a next turn arriving meanwhile would look new and cold.
 So a session's replica is its own last dispatch's, whose prompt counts as cached there
@@ -98,6 +101,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
+from policies import copy_benefit
 from policies.base import BasePolicy, Decision, Outcome, ReplicaView, RequestView
 from policies.calibration import Calibration, Stride, Terms
 from policies.cost import STUDY_PRIOR, CostParams, Estimate, split_tokens
@@ -119,6 +123,7 @@ class LocalityConfig:
     times the prompt's share only the kept replica's GPU holds; ``calibrate``: learn online;
     ``alpha``/``warmup``/``clip``: see ``Calibration``; ``shared_copies``: the extra-work
     charge is divided by 1 + the readers of the prefix it copies (``Residency.readers``);
+    ``copy_benefit``: weight of a copy's benefit to the prefix's readers (0: off);
     ``calibration_rate``: replies per second per replica that teach calibration, beyond
     which one in every k does (``Stride``; 0: every reply); ``split_tolerance``: a reply
     whose engine-reported cached share of the prompt is further than this (plus one
@@ -136,6 +141,7 @@ class LocalityConfig:
     warmup: int = 3
     clip: float = 4.0
     shared_copies: bool = True
+    copy_benefit: float = 1.0
     calibration_rate: float = 100.0
     split_tolerance: float = 0.1
 
@@ -243,6 +249,10 @@ class Locality(BasePolicy):
             work = work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens]
             scores[rid] = (e.wait_s + service + extra_w * (work - least_work)
                            + w * queued * service)
+        if request.residency.readers:  # a copy would serve others too
+            copy_benefit.apply(scores, estimates, request.residency.readers,
+                               weight=self.config.copy_benefit, work_weight=w,
+                               mean_service=mean_service)
         low = min(scores.values())
         # Scores within tie_margin of the best are not told apart by a model made of
         # estimates: among them the fewest of our requests queued, then in flight (not

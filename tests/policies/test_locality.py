@@ -326,7 +326,7 @@ def test_a_copy_of_a_prefix_many_are_reading_is_charged_as_shared_work() -> None
     chosen = {}
     for readers in (0, 8):
         for shared in (True, False):
-            policy = Locality(LocalityConfig(shared_copies=shared))
+            policy = Locality(LocalityConfig(shared_copies=shared, copy_benefit=0.0))
             now = _deep_queues(policy, 5, 0)
             res = Residency(chain_blocks=blocks + 1, block_tokens=BT, gpu={"a": blocks},
                             readers=readers)
@@ -334,6 +334,28 @@ def test_a_copy_of_a_prefix_many_are_reading_is_charged_as_shared_work() -> None
                                residency=res, now=now)
             chosen[readers, shared] = policy.choose(view, reps("a", "b")).replica
     assert chosen == {(0, True): "a", (0, False): "a", (8, True): "b", (8, False): "a"}
+
+
+def test_a_hot_document_is_copied_before_its_holder_waits_longer_than_the_copy() -> None:
+    """A 32k document on a behind two 8k prefills (a ~2.7 s wait), b idle, no pool: the
+    copy's own prefill (~5.3 s) is longer than that wait, so a lone reader stays on a. With
+    4 or 8 of the document's readers in flight the copy also serves those to come
+    (``copy_benefit``) and b takes it; without the benefit the shared copy alone waits for
+    a deeper queue on a."""
+    blocks = 32_768 // BT
+    chosen = {}
+    for readers in (0, 1, 4, 8):
+        for benefit in (0.0, 1.0):
+            policy = Locality(LocalityConfig(copy_benefit=benefit))
+            now = _deep_queues(policy, 2, 0)
+            res = Residency(chain_blocks=blocks + 1, block_tokens=BT, gpu={"a": blocks},
+                            readers=readers)
+            view = RequestView(request_id="x", model="m", session="new", prompt_tokens=33_000,
+                               residency=res, now=now)
+            chosen[readers, benefit] = policy.choose(view, reps("a", "b")).replica
+    assert policy.estimate(view, reps("a")[0]).wait_s < policy.estimate(view, reps("b")[0]).ttft_s
+    assert chosen == {(0, 0.0): "a", (1, 0.0): "a", (4, 0.0): "a", (8, 0.0): "a",
+                      (0, 1.0): "a", (1, 1.0): "a", (4, 1.0): "b", (8, 1.0): "b"}
 
 
 def test_a_reply_slowed_by_another_routers_requests_teaches_calibration_nothing() -> None:
