@@ -317,43 +317,42 @@ def test_a_new_session_goes_where_fewer_of_ours_are_in_flight_when_the_scores_ti
     assert 70 < chosen.count("a") < 130
 
 
-def test_a_copy_of_a_prefix_many_are_reading_is_charged_as_shared_work() -> None:
-    """A 32k document on a, five 8k prefills queued there, b idle, no pool: a new
-    session's question copies the document to b only when others are reading it now
-    (``Residency.readers``): the copy's extra work is then shared by them, where for one
-    reader it is the whole queue's loss."""
+def _document_question(config: LocalityConfig, queued_on_a: int, readers: int) -> str:
+    """Where a new session's question on a 32k document held by a (no pool) goes, with
+    ``queued_on_a`` 8k prefills ahead of it there, b idle and ``readers`` of the document
+    in flight."""
     blocks = 32_768 // BT
-    chosen = {}
-    for readers in (0, 8):
-        for shared in (True, False):
-            policy = Locality(LocalityConfig(shared_copies=shared, copy_benefit=0.0))
-            now = _deep_queues(policy, 5, 0)
-            res = Residency(chain_blocks=blocks + 1, block_tokens=BT, gpu={"a": blocks},
-                            readers=readers)
-            view = RequestView(request_id="x", model="m", session="new", prompt_tokens=33_000,
-                               residency=res, now=now)
-            chosen[readers, shared] = policy.choose(view, reps("a", "b")).replica
+    policy = Locality(config)
+    now = _deep_queues(policy, queued_on_a, 0)
+    res = Residency(chain_blocks=blocks + 1, block_tokens=BT, gpu={"a": blocks}, readers=readers)
+    view = RequestView(request_id="x", model="m", session="new", prompt_tokens=33_000,
+                       residency=res, now=now)
+    return policy.choose(view, reps("a", "b")).replica
+
+
+def test_a_copy_of_a_prefix_many_are_reading_is_charged_as_shared_work() -> None:
+    """Five 8k prefills queued on the document's holder: the question copies it to b only
+    when others are reading it now (``Residency.readers``): the copy's extra work is then
+    shared by them, where for one reader it is the whole queue's loss."""
+    chosen = {(readers, shared): _document_question(
+        LocalityConfig(shared_copies=shared, copy_benefit=0.0), 5, readers)
+        for readers in (0, 8) for shared in (True, False)}
     assert chosen == {(0, True): "a", (0, False): "a", (8, True): "b", (8, False): "a"}
 
 
 def test_a_hot_document_is_copied_before_its_holder_waits_longer_than_the_copy() -> None:
-    """A 32k document on a behind two 8k prefills (a ~2.7 s wait), b idle, no pool: the
-    copy's own prefill (~5.3 s) is longer than that wait, so a lone reader stays on a. With
-    4 or 8 of the document's readers in flight the copy also serves those to come
-    (``copy_benefit``) and b takes it; without the benefit the shared copy alone waits for
-    a deeper queue on a."""
-    blocks = 32_768 // BT
-    chosen = {}
-    for readers in (0, 1, 4, 8):
-        for benefit in (0.0, 1.0):
-            policy = Locality(LocalityConfig(copy_benefit=benefit))
-            now = _deep_queues(policy, 2, 0)
-            res = Residency(chain_blocks=blocks + 1, block_tokens=BT, gpu={"a": blocks},
-                            readers=readers)
-            view = RequestView(request_id="x", model="m", session="new", prompt_tokens=33_000,
-                               residency=res, now=now)
-            chosen[readers, benefit] = policy.choose(view, reps("a", "b")).replica
-    assert policy.estimate(view, reps("a")[0]).wait_s < policy.estimate(view, reps("b")[0]).ttft_s
+    """Two 8k prefills (~2.7 s) queued on the holder: the copy's own prefill (~5.3 s) is
+    longer than that wait, so a lone reader stays on a. With 4 or 8 of the document's
+    readers in flight the copy also serves those to come (``copy_benefit``) and b takes
+    it; without the benefit the shared copy alone waits for a deeper queue on a."""
+    policy = Locality()
+    _deep_queues(policy, 2, 0)
+    question = req("x", 33_000, gpu={"a": 32_768 // BT}, now=8 * 1.3, session="new")
+    assert policy.estimate(question, reps("a")[0]).wait_s < 3.0
+    assert policy.estimate(question, reps("b")[0]).ttft_s > 5.0
+    chosen = {(readers, benefit): _document_question(
+        LocalityConfig(copy_benefit=benefit), 2, readers)
+        for readers in (0, 1, 4, 8) for benefit in (0.0, 1.0)}
     assert chosen == {(0, 0.0): "a", (1, 0.0): "a", (4, 0.0): "a", (8, 0.0): "a",
                       (0, 1.0): "a", (1, 1.0): "a", (4, 1.0): "b", (8, 1.0): "b"}
 
