@@ -37,7 +37,10 @@ def apply(scores: dict[str, float], estimates: dict[str, Estimate], readers: int
     ``work_weight`` and ``mean_service``: ``locality``'s load-aware charge."""
     if not readers or weight <= 0:
         return
-    most = max(e.gpu_tokens + e.pool_tokens for e in estimates.values())
+    cached = [e.gpu_tokens + e.pool_tokens for e in estimates.values()]
+    most = max(cached)
+    if min(cached) == most:  # every candidate holds it: no copy to price (the common case)
+        return
     holders = [e for e in estimates.values() if e.gpu_tokens + e.pool_tokens == most]
     hold_wait = min(e.wait_s for e in holders)
     hold_service = min(e.load_s + e.prefill_s for e in holders)
