@@ -83,15 +83,11 @@ hardware, a prior wrong in one term, or an emulator's time scale; beyond
 ``calibration_rate`` replies a second on a replica, one in every k teaches (``Stride``). A
 request dispatched while the engine held requests not ours (``others``) was served among
 other routers' requests, whose prefills are in its service time: it teaches calibration
-nothing. Nor does a reply whose engine reports (``Outcome.cached_tokens``, vLLM's
-``usage.prompt_tokens_details.cached_tokens``) a cached share of the prompt more than
-``split_tolerance`` (plus one index block's share) away from the share the estimate
-assumed: the index did not know what the replica held (another router placed it there, or
-it was evicted), and its time would teach the model wrong hardware (with 4 routers on
-``agents`` calibration learnt the pool load 4-8x and attention 2x faster than they were
-from such replies, and lost p90 1.39x to ``least_loaded``). A first token's lesson
-therefore waits for the reply's end, where the count is (``_Sample``), even the first few
-that set calibration's scale. ``choose`` is pure (it memoises its estimates only for the
+nothing. Nor does a reply whose engine-reported cached share of the prompt is further than
+``split_tolerance`` from the estimate's (``_learn``: the index did not know what the
+replica held; with 4 routers on ``agents`` such replies taught the pool load 4-8x too fast,
+p90 1.39x ``least_loaded``'s), so a first token's lesson waits for the reply's end, where
+that count is (``_Sample``). ``choose`` is pure (it memoises its estimates only for the
 ``dispatched`` that follows): time comes from ``RequestView.now``.
 """
 
