@@ -1,7 +1,7 @@
 """How long one routing decision takes with ``locality``: 16 replicas, a 128k-token prompt.
 
 Run: ``.venv/bin/python bench/decision_latency.py [--replicas 16] [--tokens 131072]
-[--queued 0 8 64] [--n 2000] [--clock wall|cpu] [--json PATH]``.
+[--queued 0 8 64] [--readers 0] [--n 2000] [--clock wall|cpu] [--json PATH]``.
 
 The router's own objects and methods, as ``Proxy._route`` calls them per request, in text
 mode with the in-memory index (the default configuration): a ``Proxy`` over a
@@ -27,6 +27,10 @@ bytes of text per token: ~512 KiB, 512 blocks at 128k tokens) is parsed once wit
 After each decision the request leaves (settled in the in-flight prefixes, a failed
 outcome to the policy, which teaches calibration nothing), so ``--queued`` requests of
 this policy wait on every replica throughout (each walked at every decision).
+``--readers R``: R requests of the whole prompt stay in flight, and queued, on the replica
+holding most of it (the router's in-flight prefixes and the policy's queue), so every
+decision sees R readers of its prefix, the holder waiting longest, and prices a copy's
+benefit on each other replica (``policies.copy_benefit``, its whole loop).
 
 ``--clock cpu`` times each step with the thread's CPU clock (``time.thread_time_ns``)
 instead of the wall clock: on a shared machine a wall-clock p99 measures the other
@@ -80,9 +84,10 @@ def _proxy(replicas: int, policy: Locality) -> Proxy:
                  metrics=metrics, clock=clock, max_body_bytes=1 << 30, max_attempts=3)
 
 
-def _fill(proxy: Proxy, chain: list[int], queued: int) -> None:
+def _fill(proxy: Proxy, chain: list[int], queued: int, readers: int) -> None:
     """Each replica's GPU holds a different leading part of the chain, the pool half of
-    it; ``queued`` requests of the policy wait on every replica."""
+    it; ``queued`` requests of the policy wait on every replica; ``readers`` requests of
+    the whole chain are in flight, and queued, on the replica holding most of it."""
     index = proxy.locator.index
     assert isinstance(index, MemoryIndex)
     ids = [r.id for r in proxy.replicas.replicas]
@@ -94,6 +99,12 @@ def _fill(proxy: Proxy, chain: list[int], queued: int) -> None:
             req = RequestView(request_id=f"{rid}-{q}", model="m", session=f"{rid}-{q}",
                               prompt_tokens=8192)
             proxy.policy.dispatched(req, Decision(rid, "miss"))
+    for i in range(readers):  # queued there too: the holder waits longest, so every other
+        # replica is a candidate for a copy and the benefit's whole loop runs
+        proxy.locator.dispatched(f"reader-{i}", chain, ids[-1])
+        req = RequestView(request_id=f"reader-{i}", model="m", session=f"reader-{i}",
+                          prompt_tokens=8192)
+        proxy.policy.dispatched(req, Decision(ids[-1], "gpu-hit"))
 
 
 def _quantiles(ns: list[int]) -> dict[str, float]:
@@ -126,16 +137,17 @@ async def _decide(proxy: Proxy, raw: bytes, k: int, now: Callable[[], int],
 
 
 async def measure(replicas: int, tokens: int, queued: int, n: int, seed: int = 0,
-                  clock: str = "wall") -> dict[str, Any]:
+                  clock: str = "wall", readers: int = 0) -> dict[str, Any]:
     now = time.thread_time_ns if clock == "cpu" else time.perf_counter_ns
     raw = _raw_body(tokens, random.Random(seed))
     proxy = _proxy(replicas, Locality())
     chain = proxy.locator.chain(parse_request("chat", raw, None))
-    _fill(proxy, chain, queued)
+    _fill(proxy, chain, queued, readers)
     out: dict[str, list[int]] = {step: [] for step in STEPS}
     for k in range(n):
         await _decide(proxy, raw, k, now, out)
-    return {"replicas": replicas, "tokens": tokens, "queued": queued, "n": n, "clock": clock,
+    return {"replicas": replicas, "tokens": tokens, "queued": queued, "readers": readers,
+            "n": n, "clock": clock,
             "chain_blocks": len(chain), "block_bytes": DEFAULT_BLOCK_BYTES,
             **{step: _quantiles(ns) for step, ns in out.items()}}
 
@@ -149,14 +161,16 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=131_072)
     ap.add_argument("--queued", type=int, nargs="+", default=[0, 8, 64])
+    ap.add_argument("--readers", type=int, default=0,
+                    help="requests of the prompt in flight (a copy's benefit is priced)")
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    results = [asyncio.run(measure(args.replicas, args.tokens, q, args.n, clock=args.clock))
-               for q in args.queued]
-    print("| queued per replica | " + " | ".join(f"{s} p50 / p99 / max (us)" for s in STEPS)
-          + " |")
+    results = [asyncio.run(measure(args.replicas, args.tokens, q, args.n, clock=args.clock,
+                                   readers=args.readers)) for q in args.queued]
+    print(f"| queued per replica ({args.readers} readers) | "
+          + " | ".join(f"{s} p50 / p99 / max (us)" for s in STEPS) + " |")
     print("|---" * (len(STEPS) + 1) + "|")
     for r in results:
         print(f"| {r['queued']} | " + " | ".join(_cell(r[s]) for s in STEPS) + " |")
