@@ -2,10 +2,11 @@
 
 The gauntlet (``lmroute sim gauntlet``) runs seeds 0..N-1 of every cell; a change developed
 on one cell's seeds needs seeds it was not developed on. This runs the same simulations
-(``sim.experiments.gauntlet.Job``: the cell's hardware row, fleet, routers, the load as a
-multiple of the workload's knee read from a gauntlet JSON) for the seeds given, and prints,
-per load, each policy's mean over seeds of the per-seed mean and p90 TTFT (the gauntlet's
-point estimates) and each ``locality`` arm's ratio to the best other policy on each.
+(``sim.experiments.gauntlet``: its ``Job`` and ``Runner``; the load as a multiple of the
+workload's knee read from a gauntlet JSON) for the seeds given, with the gauntlet's own
+statistics (``sim.experiments.gauntlet_report``): per load, each policy's mean over seeds
+of the per-seed mean and p90 TTFT with t-based 95 % CIs, and each ``locality`` arm's ratio
+to the best other policy, paired by seed (the geometric mean of per-seed ratios) with its CI.
 
     .venv/bin/python bench/gauntlet_cell.py --workload docqa --hardware no-pool \\
         --seeds 32-47 --policies locality,locality@copy_benefit=0,load_aware,affinity_window
@@ -15,12 +16,19 @@ from __future__ import annotations
 
 import argparse
 import json
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
-from sim.experiments.gauntlet import BASE_REPLICAS, Job, default_jobs, is_locality, simulate
+from sim.experiments import report
+from sim.experiments.gauntlet import (
+    BASE_REPLICAS,
+    Cell,
+    Job,
+    Runner,
+    cell_fields,
+    default_jobs,
+    is_locality,
+)
+from sim.experiments.gauntlet_report import aggregate_rows, ratios
 
 
 def seeds_of(text: str) -> list[int]:
@@ -32,10 +40,8 @@ def seeds_of(text: str) -> list[int]:
     return out
 
 
-def point(job: Job) -> tuple[float, float]:
-    """(mean, p90) TTFT of one simulation's measured requests."""
-    x = np.asarray(simulate(job), dtype=float)
-    return float(x.mean()), float(np.percentile(x, 90))
+def _ci(value: float, ci: list[float]) -> str:
+    return f"{value:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
 def main() -> int:
@@ -52,24 +58,32 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=400.0)
     args = ap.parse_args()
     knee = json.loads(args.knees_from.read_text())["knees"][args.workload]["rate_scale"]
+    cell = Cell("cell", args.workload, args.hardware, args.replicas, args.routers)
     seeds, policies = seeds_of(args.seeds), args.policies.split(",")
     loads = [float(v) for v in args.loads.split(",")]
+    plan = [(load, policy, seed) for load in loads for policy in policies for seed in seeds]
     jobs = [Job(args.workload, args.hardware, args.replicas, args.routers, knee * load, policy,
-                seed, args.duration, "study-27b")
-            for load in loads for policy in policies for seed in seeds]
-    with ProcessPoolExecutor(default_jobs()) as pool:
-        results = iter(pool.map(point, jobs))
-    print(f"{args.workload} {args.hardware} {args.replicas}r {args.routers}R, seeds {args.seeds}\n")
+                seed, args.duration, "study-27b") for load, policy, seed in plan]
+    with report.progress_bar(cell.label, total=len(jobs)) as bar:
+        runner = Runner(default_jobs(), bar)
+        try:
+            results = runner.run(jobs)
+        finally:
+            runner.close()
+    raw = [{**cell_fields(cell), "load": load, "rate_scale": j.rate_scale, "policy": j.policy,
+            "seed": j.seed, **res}
+           for (load, _, _), j, res in zip(plan, jobs, results, strict=True)]
+    ratio = {(r["load"], p): r for p in policies if is_locality(p) for r in ratios(raw, p)}
+    print(f"{cell.label}, seeds {args.seeds}\n")
     print("| load | policy | mean TTFT (s) | p90 TTFT (s) | / best other: mean | p90 |")
     print("|---|---|---|---|---|---|")
-    for load in loads:
-        table = {p: np.array([next(results) for _ in seeds]).mean(axis=0) for p in policies}
-        others = [p for p in policies if not is_locality(p)]
-        best = [min(table[p][k] for p in others) if others else float("nan") for k in (0, 1)]
-        for p, (mean, p90) in table.items():
-            ratio = (f"{mean / best[0]:.2f} | {p90 / best[1]:.2f}" if is_locality(p) and others
-                     else " | ")
-            print(f"| {load:g} | {p} | {mean:.2f} | {p90:.2f} | {ratio} |")
+    for row in aggregate_rows(raw):
+        r = ratio.get((row["load"], row["policy"]))
+        vs = (" | " if r is None else f"{_ci(r['ratio_mean'], r['ratio_mean_ci'])} "
+              f"{r['best_other_mean']} | {_ci(r['ratio_p90'], r['ratio_p90_ci'])} "
+              f"{r['best_other_p90']}")
+        print(f"| {row['load']:g} | {row['policy']} | {_ci(row['ttft_mean_s'], row['ttft_mean_ci'])}"
+              f" | {_ci(row['ttft_p90_s'], row['ttft_p90_ci'])} | {vs} |")
     return 0
 
 

@@ -331,13 +331,14 @@ def run_gauntlet(cfg: GauntletConfig, progress: Progress | None = None) -> dict[
     finally:
         runner.close()
     keys = [(c, m) for c in cells for m in cfg.loads for _ in policies for _ in range(cfg.seeds)]
-    raw = [{**_cell_fields(c), "load": m, "rate_scale": j.rate_scale, "policy": j.policy,
+    raw = [{**cell_fields(c), "load": m, "rate_scale": j.rate_scale, "policy": j.policy,
             "seed": j.seed, **res}
            for (c, m), j, res in zip(keys, batch, results, strict=True)]
-    return {"policies": policies, "baselines": baselines, "cells": [_cell_fields(c) for c in cells],
+    return {"policies": policies, "baselines": baselines, "cells": [cell_fields(c) for c in cells],
             "knees": knees, "raw": raw, "skipped": skipped, "wall_s": now_s() - t0}
 
 
-def _cell_fields(c: Cell) -> dict[str, Any]:
+def cell_fields(c: Cell) -> dict[str, Any]:
+    """A cell's keys in the raw rows (``gauntlet_report.CELL_KEYS``)."""
     return {"cell": c.label, "axis": c.axis, "workload": c.workload, "hardware": c.hardware,
             "replicas": c.replicas, "routers": c.routers}
