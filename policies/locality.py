@@ -18,12 +18,12 @@ replica could load or hit makes everyone queued behind it wait too, so extra wor
 charged (``work_weight``, default 1). And every second of work placed on ``r`` delays the
 requests that will queue behind it there before its queue drains, about as many as are
 queued now: ``q(r)`` = r's predicted wait over the mean observed service time (0 on an
-idle replica; off with ``load_aware_work=false``). The first term alone let greedy moves
-add recomputes when the fleet was short of capacity (``least_loaded`` collapses that way;
-``locality`` lost 1.2x to ``fixed`` on the Mooncake trace past saturation); a fleet-wide
-multiplier on the difference instead herded a tenant's sessions onto the replica holding
-its system prompt (6x worse p90 at the knee of the gauntlet's ``tenants`` workload): the
-per-replica ``q(r)`` charges work where it will wait, on the busy replica as on the idle.
+idle replica; off with ``load_aware_work=false``): without it greedy moves added
+recomputes when the fleet was short of capacity, and a fleet-wide multiplier herded a
+tenant's sessions onto its system prompt's replica; ``q(r)`` charges work where it waits.
+Returning sessions (``returning``, ``policies.returning``): ``q(r)`` also counts, at half
+weight, the sessions between turns bound to ``r`` expected back during the service (not
+for a prefix others read now: that is priced by a copy's benefit, below).
 Shared copies (``shared_copies``): the extra-work charge is divided by 1 + the request's
 ``Residency.readers`` (the router's unsettled requests holding its longest indexed
 prefix): a copy of a document many are reading right now serves them all, and charged
@@ -31,29 +31,22 @@ as one request's loss it waited until the holder's queue was twice its prefill l
 A copy's benefit (``copy_benefit``, ``policies.copy_benefit``): it also serves the
 prefix's later readers, who would queue at its holder: a replica that would copy scores
 lower by what the readers in flight would save, never below its score as a holder.
-Own dispatch log (``policies.session_log``): the router records a session's replica and
-prefix only when its reply ends; a next turn arriving meanwhile would look new and cold.
-So a session's replica is its own last dispatch's, whose prompt counts as cached there
-while in flight (other sessions find prefixes in flight through ``router.in_flight``).
+Own dispatch log (``policies.session_log``): a session's replica is its own last
+dispatch's, whose prompt counts as cached there while in flight (the router records it
+only when the reply ends; other sessions find prefixes in flight via ``router.in_flight``).
 Hysteresis: the session's last replica is kept unless another scores better by more than
 ``stay_margin`` (relative; widened by ``distrust`` x the cost model's own running error,
 ``Calibration.error()``, times the share of the prompt the kept replica's GPU holds beyond
 the other's: a model that predicts badly moves sessions only for gains larger than its
-errors, and falls back towards keeping them put, the robust rule when cache locality is
-what is known for sure; where the kept replica holds nothing more, the robust rule is
-balance: an error of ~1.1 on the vLLM pair's ``chat`` kept every session where it began,
-1.34x ``least_loaded``'s mean TTFT) plus ``stay_margin_s`` — a session never moves for
-nothing, and with no pool (or an evicted one) moving means a full recompute, so sessions
-stay put as under ``fixed``.
+errors, falling back towards keeping them put where cache locality is what is known for
+sure, and towards balance where the kept replica holds nothing more) plus
+``stay_margin_s``: a session never moves for nothing (with no pool, moving recomputes).
 
 Ties: replicas whose scores are within ``tie_margin`` (relative; widened, as the
 hysteresis is, by ``distrust`` x the model's running error) of the best are not told
 apart by a model made of estimates (deviations of identical replicas differ by 10-20 %
-from noise alone; on identical engines far faster than the router, FIFO runs credit the
-replica that gets more with a faster service, and a benchmark's identical requests went
-79-97 % to one of two); among them the fewest of our requests queued wins, then the
-fewest in flight (replies still streaming: their sessions will come back; by hash order
-alone, long agent sessions piled up 46 to 188 requests per replica), then the session's
+from noise alone); among them the fewest of our requests queued wins, then the
+fewest in flight (replies still streaming: their sessions will come back), then the session's
 rendezvous order (the only order when another router's requests are on a candidate: it
 is the one all routers agree on). Without it, the replica the calibration believes
 faster wins every tie, and at low load nearly every request is one.
@@ -63,12 +56,9 @@ requests this policy dispatched to ``r`` and whose first token has not arrived f
 queue; walking it from ``r``'s last first token, each starts at ``max(previous end, its
 dispatch)`` and lasts its predicted service; an overdue head is assumed about to finish.
 ``wait(r)`` is where the walk ends, minus now. Entries leave on ``observe`` (first token,
-end, or failure). Other routers' requests waiting at the engine (its scraped waiting
-count, at most its requests beyond ours when that scrape was read: ``ReplicaView.others``;
-against our count now, a scrape up to a second old saw ours that have ended since as
-theirs) add ``their count x r's mean observed service time``, where a reply served among
-other routers' requests counts as its predicted service (its observed time holds theirs:
-the mean reached 1.9-17.5 s per replica with 4 routers on ``mooncake`` past saturation).
+end, or failure). Other routers' requests waiting at the engine (``ReplicaView.others``)
+add ``their count x r's mean observed service time``, where a reply served among
+other routers' requests counts as its predicted service (its observed time holds theirs).
 
 Reasons: ``sticky`` (kept on the session's replica), ``gpu-hit`` / ``pool-hit`` / ``miss``
 (what the chosen replica will do), ``balance`` (not the replica holding the most cached
@@ -76,19 +66,14 @@ tokens), ``failover`` (the session's replica is gone or failed this request).
 
 Calibration (``policies.calibration``): each first token gives an observed service time,
 ``first token - max(its dispatch, r's previous first token)`` (FIFO), which updates the
-fleet's factor on each term of the cost model and each replica's bounded deviation (from
-requests served alone, or from a run of queued requests as one total: an engine that
-batches prefills answers those together), so the prior (the study fit) adapts to the
-hardware, a prior wrong in one term, or an emulator's time scale; beyond
-``calibration_rate`` replies a second on a replica, one in every k teaches (``Stride``). A
-request dispatched while the engine held requests not ours (``others``) was served among
-other routers' requests, whose prefills are in its service time: it teaches calibration
-nothing. Nor does a reply whose engine-reported cached share of the prompt is further than
-``split_tolerance`` from the estimate's (``_learn``: the index did not know what the
-replica held; with 4 routers on ``agents`` such replies taught the pool load 4-8x too fast,
-p90 1.39x ``least_loaded``'s), so a first token's lesson waits for the reply's end, where
-that count is (``_Sample``). ``choose`` is pure (it memoises its estimates only for the
-``dispatched`` that follows): time comes from ``RequestView.now``.
+fleet's factor on each term of the cost model and each replica's bounded deviation, so
+the prior (the study fit) adapts to the hardware; beyond ``calibration_rate`` replies a
+second on a replica, one in every k teaches (``Stride``). Replies served among other
+routers' requests teach nothing, nor do replies whose engine-reported cached share is
+further than ``split_tolerance`` from the estimate's (``_learn``), so a first token's
+lesson waits for the reply's end, where that count is (``_Sample``). ``choose`` is pure
+(it memoises its estimates only for the ``dispatched`` that follows): time comes from
+``RequestView.now``.
 """
 
 from __future__ import annotations
@@ -103,6 +88,7 @@ from policies.calibration import Calibration, Stride, Terms
 from policies.cost import STUDY_PRIOR, CostParams, Estimate, split_tokens
 from policies.fifo_queue import FifoQueue
 from policies.hashing import rendezvous_rank
+from policies.returning import Returning
 from policies.session_log import SessionLog
 
 
@@ -123,7 +109,8 @@ class LocalityConfig:
     ``calibration_rate``: replies per second per replica that teach calibration, beyond
     which one in every k does (``Stride``; 0: every reply); ``split_tolerance``: a reply
     whose engine-reported cached share of the prompt is further than this (plus one
-    index block's share) from the estimate's teaches nothing."""
+    index block's share) from the estimate's teaches nothing; ``returning``: weight of
+    the sessions between turns back during a placement's service (0: off)."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -140,6 +127,7 @@ class LocalityConfig:
     copy_benefit: float = 1.0
     calibration_rate: float = 100.0
     split_tolerance: float = 0.1
+    returning: float = 1.0
 
 
 class _Dispatch(NamedTuple):
@@ -189,6 +177,7 @@ class Locality(BasePolicy):
         self._samples: dict[str, _Sample] = {}  # from first token until the reply's end
         self.unexplained = 0  # samples dropped: the engine's cached share was not believed
         self._sessions = SessionLog()
+        self._returning = Returning()
         self._memo: _Memo | None = None
         self._version = 0  # bumped by every state change: a memo of another state is stale
 
@@ -231,24 +220,7 @@ class Locality(BasePolicy):
             if r.others > 0:
                 foreign.add(r.id)
         self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign)
-        # The fleet's work per token split (replicas holding the same prefix share one).
-        work_of = {split: self.calibration.work(terms) for split, terms in terms_of.items()}
-        least_work = min(work_of.values())
-        w = self.config.work_weight
-        # Extra work that copies a prefix others are reading right now is shared with them.
-        extra_w = w / (1 + request.residency.readers) if self.config.shared_copies else w
-        mean_service = self._mean_service()
-        scores: dict[str, float] = {}
-        for rid, e in estimates.items():
-            service = e.load_s + e.prefill_s
-            queued = e.wait_s / mean_service if mean_service > 0 else 0.0
-            work = work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens]
-            scores[rid] = (e.wait_s + service + extra_w * (work - least_work)
-                           + w * queued * service)
-        if request.residency.readers:  # a copy would serve others too
-            copy_benefit.apply(scores, estimates, request.residency.readers,
-                               weight=self.config.copy_benefit, work_weight=w,
-                               mean_service=mean_service)
+        scores = self._scores(request, estimates, terms_of)
         low = min(scores.values())
         # Scores within tie_margin of the best are not told apart by a model made of
         # estimates: among them the fewest of our requests queued, then in flight (not
@@ -279,6 +251,34 @@ class Locality(BasePolicy):
                 return Decision(stay, "sticky", estimates[stay].ttft_s)
         chosen = estimates[best]
         return Decision(best, self._reason(request, chosen, estimates), chosen.ttft_s)
+
+    def _scores(self, request: RequestView, estimates: dict[str, Estimate],
+                terms_of: dict[tuple[int, int, int], Terms]) -> dict[str, float]:
+        """Each candidate's score (the module docstring's formula)."""
+        # The fleet's work per token split (replicas holding the same prefix share one).
+        work_of = {split: self.calibration.work(terms) for split, terms in terms_of.items()}
+        least_work = min(work_of.values())
+        w = self.config.work_weight
+        # Extra work that copies a prefix others are reading right now is shared with them.
+        extra_w = w / (1 + request.residency.readers) if self.config.shared_copies else w
+        mean_service = self._mean_service()
+        # A session back during the service waits half of it. A prefix others read now is
+        # priced by what a copy is worth to them (``copy_benefit``), not by this charge.
+        back = 0.0 if request.residency.readers else self.config.returning / 2
+        scores: dict[str, float] = {}
+        for rid, e in estimates.items():
+            service = e.load_s + e.prefill_s
+            queued = e.wait_s / mean_service if mean_service > 0 else 0.0
+            if back > 0:  # sessions parked there that come back during it (``returning``)
+                queued += back * self._returning.expected(rid, service, request.session)
+            work = work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens]
+            scores[rid] = (e.wait_s + service + extra_w * (work - least_work)
+                           + w * queued * service)
+        if request.residency.readers:  # a copy would serve others too
+            copy_benefit.apply(scores, estimates, request.residency.readers,
+                               weight=self.config.copy_benefit, work_weight=w,
+                               mean_service=mean_service)
+        return scores
 
     def _pending(self, replica: str) -> int:
         queue = self._queues.get(replica)
@@ -316,6 +316,8 @@ class Locality(BasePolicy):
             est, foreign = self._estimate(request, decision.replica, 0.0, {}), False
         self._memo = None
         self._version += 1
+        self._returning.expire(request.now)
+        self._returning.returned(request.session, request.now)
         queue = self._queues.get(decision.replica)
         if queue is None:
             queue = self._queues[decision.replica] = FifoQueue()
@@ -328,7 +330,11 @@ class Locality(BasePolicy):
         self._version += 1
         rid = outcome.request.request_id
         if outcome.phase == "done" or not outcome.ok:
-            self._sessions.finished(outcome.request.session, rid)
+            session = outcome.request.session
+            self._sessions.finished(session, rid)
+            if outcome.ok and not self._sessions.flying(session):  # between turns
+                self._returning.ended(session, outcome.decision.replica, outcome.request.residency,
+                                      outcome.request.now if outcome.at is None else outcome.at)
         dispatch = self._dispatches.pop(rid, None)
         if dispatch is None:  # already observed at its first token
             sample = self._samples.pop(rid, None)

@@ -49,6 +49,10 @@ class SessionLog:
         flying = self._flying.get(session)
         return flying is not None and tokens <= flying[1]
 
+    def flying(self, session: str) -> bool:
+        """Whether a request of ``session`` is in flight."""
+        return session in self._flying
+
     def finished(self, session: str, request_id: str) -> None:
         if request_id in self._in_flight:
             self._in_flight.discard(request_id)
