@@ -409,4 +409,5 @@ class Locality(BasePolicy):
             "mean_service_s": dict(self._service_mean),
             "queued": {rid: len(q.pending) for rid, q in self._queues.items()},
             "unexplained_replies": self.unexplained,
+            "returning": self._returning.as_json(),
         }

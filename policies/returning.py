@@ -110,3 +110,7 @@ class Returning:
 
     def counts(self) -> dict[str, int]:
         return {r: len(p) for r, p in self._parked.items()}
+
+    def as_json(self) -> dict[str, object]:
+        """What ``GET /policy`` shows: the learnt gap and share, sessions parked per replica."""
+        return {"gap_s": self.gap, "share": self.share, "parked": self.counts()}

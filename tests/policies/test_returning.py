@@ -91,6 +91,8 @@ def test_a_new_sessions_long_start_avoids_the_replica_its_agents_come_back_to() 
     agent's 40k-token start (seconds of prefill) placed on a would hold up every one of
     them, so it goes to b; without the charge the idle replicas tie and the session's hash
     order picks a."""
+    assert _agents_on_a(LocalityConfig()).describe()["returning"] == {
+        "gap_s": pytest.approx(2.5), "share": 1.0, "parked": {"a": 4}}
     assert _new_session_placement(LocalityConfig()) == "b"
     assert _new_session_placement(LocalityConfig(returning=0.0)) == "a"
 
