@@ -24,9 +24,9 @@ from sim.experiments.gauntlet import (
     Cell,
     Job,
     Runner,
-    cell_fields,
     default_jobs,
     is_locality,
+    raw_row,
 )
 from sim.experiments.gauntlet_report import aggregate_rows, ratios
 
@@ -70,8 +70,7 @@ def main() -> int:
             results = runner.run(jobs)
         finally:
             runner.close()
-    raw = [{**cell_fields(cell), "load": load, "rate_scale": j.rate_scale, "policy": j.policy,
-            "seed": j.seed, **res}
+    raw = [raw_row(cell, load, j, res)
            for (load, _, _), j, res in zip(plan, jobs, results, strict=True)]
     ratio = {(r["load"], p): r for p in policies if is_locality(p) for r in ratios(raw, p)}
     print(f"{cell.label}, seeds {args.seeds}\n")

@@ -331,11 +331,15 @@ def run_gauntlet(cfg: GauntletConfig, progress: Progress | None = None) -> dict[
     finally:
         runner.close()
     keys = [(c, m) for c in cells for m in cfg.loads for _ in policies for _ in range(cfg.seeds)]
-    raw = [{**cell_fields(c), "load": m, "rate_scale": j.rate_scale, "policy": j.policy,
-            "seed": j.seed, **res}
-           for (c, m), j, res in zip(keys, batch, results, strict=True)]
+    raw = [raw_row(c, m, j, res) for (c, m), j, res in zip(keys, batch, results, strict=True)]
     return {"policies": policies, "baselines": baselines, "cells": [cell_fields(c) for c in cells],
             "knees": knees, "raw": raw, "skipped": skipped, "wall_s": now_s() - t0}
+
+
+def raw_row(c: Cell, load: float, job: Job, result: dict[str, float]) -> dict[str, Any]:
+    """One job's row of the raw results: its cell, load (x knee), policy, seed, summary."""
+    return {**cell_fields(c), "load": load, "rate_scale": job.rate_scale, "policy": job.policy,
+            "seed": job.seed, **result}
 
 
 def cell_fields(c: Cell) -> dict[str, Any]:
