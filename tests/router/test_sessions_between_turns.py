@@ -14,9 +14,6 @@ try:
 except ImportError:  # tests/ became a package
     from tests.servers import Server, replica, router
 
-KEY = "returning-admin"
-
-
 def _turn(url: str, session: str | None, words: int) -> None:
     body = {"model": "emulated-27b", "max_tokens": 2,
             "prompt": " ".join(f"{session}w{i}" for i in range(words))}
@@ -29,9 +26,7 @@ def _turn(url: str, session: str | None, words: int) -> None:
 
 
 def _returning(rt: Server) -> dict[str, object]:
-    resp = httpx.get(rt.url + "/policy", headers={"authorization": f"Bearer {KEY}"})
-    assert resp.status_code == 200
-    state: dict[str, object] = resp.json()["returning"]
+    state: dict[str, object] = httpx.get(rt.url + "/policy").json()["returning"]
     return state
 
 
@@ -45,7 +40,7 @@ def test_sessions_park_between_turns_and_teach_the_gap_when_they_come_back(
         start_servers: Callable[[Server], Server]) -> None:
     reps = [start_servers(replica("--profile", "study-27b", "--time-scale", "0.01"))
             for _ in range(2)]
-    rt = start_servers(router([r.url for r in reps], "--admin-key", KEY, "--policy", "locality"))
+    rt = start_servers(router([r.url for r in reps], "--policy", "locality"))
 
     _turn(rt.url, "alice", 400)
     _turn(rt.url, "bob", 400)
