@@ -316,8 +316,9 @@ class Locality(BasePolicy):
             est, foreign = self._estimate(request, decision.replica, 0.0, {}), False
         self._memo = None
         self._version += 1
-        self._returning.expire(request.now)
-        self._returning.returned(request.session, request.now)
+        if self.config.returning > 0:  # off: no bookkeeping either
+            self._returning.expire(request.now)
+            self._returning.returned(request.session, request.now)
         queue = self._queues.get(decision.replica)
         if queue is None:
             queue = self._queues[decision.replica] = FifoQueue()
@@ -332,7 +333,8 @@ class Locality(BasePolicy):
         if outcome.phase == "done" or not outcome.ok:
             session = outcome.request.session
             self._sessions.finished(session, rid)
-            if outcome.ok and not self._sessions.flying(session):  # between turns
+            if (self.config.returning > 0 and outcome.ok
+                    and not self._sessions.flying(session)):  # between turns
                 self._returning.ended(session, outcome.decision.replica, outcome.request.residency,
                                       outcome.request.now if outcome.at is None else outcome.at)
         dispatch = self._dispatches.pop(rid, None)
