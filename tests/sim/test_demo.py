@@ -12,7 +12,7 @@ from router.cli import main
 def test_small_demo_shows_the_study_shape(tmp_path: Path) -> None:
     out_json, out_png = tmp_path / "demo.json", tmp_path / "demo.png"
     rc = main(["demo", "--policies", "fixed,alternating", "--sessions", "1", "--turns", "3",
-               "--start-tokens", "16384", "--time-scale", "0.1",
+               "--start-tokens", "32768", "--time-scale", "0.2",
                "--json", str(out_json), "--plot", str(out_png)])
     assert rc == 0
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
