@@ -12,6 +12,19 @@ When a send does suspend (the client is slow), the replica's socket stops being 
 in order (``pending``), then resumes reading: no event is dropped or reordered, and a
 slow client slows its replica's socket, not the router's memory.
 
+**Writing to the client's socket directly.** Once the response's head and first body bytes
+have gone through the ASGI ``send`` (so every middleware saw them), later chunks are
+written by ``Forward`` itself as HTTP/1.1 chunks on the client's transport, when the server
+is uvicorn's httptools protocol, the response is chunked and ``send`` is uvicorn's own or a
+wrapper that declared itself transparent after the head (``passes_body``: the access log,
+the drain's ``connection: close``). That is what uvicorn's ``send`` would write (its chunk
+framing keeps no state between messages), without a coroutine, a message dict and the
+send's checks per event. Where uvicorn would do something else the normal ``send`` runs:
+while the client's socket pushes back (it then waits for the drain), and a chunk for a
+client that left is dropped, as uvicorn drops it. The end of the reply always goes through
+``send``. Any other server, or a uvicorn whose request cycle lacks what this reads, gets
+the plain ``send`` path.
+
 ``run`` returns ``None`` once the reply ended, or the error text if the replica's stream
 broke (``router.relay`` then ends the client's stream with an SSE error event); an
 exception from ``send`` is raised from ``run``. Cancelling ``run`` (the client left)
@@ -26,8 +39,32 @@ from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
 from starlette.types import Message, Send
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from router.wire import WireResponse
+
+_AFTER_HEAD = "lmroute_after_head"  # the attribute naming a wrapper's inner send
+
+
+def passes_body(wrapper: Send, inner: Send) -> Send:
+    """Declare ``wrapper`` transparent once the head and the first body bytes went through
+    it: later body chunks may go to ``inner`` (or be written past it) directly."""
+    setattr(wrapper, _AFTER_HEAD, inner)
+    return wrapper
+
+
+def _uvicorn_cycle(send: Send) -> Any:
+    """uvicorn's request cycle under ``send`` and its transparent wrappers, or None."""
+    while (inner := getattr(send, _AFTER_HEAD, None)) is not None:
+        send = inner
+    cycle = getattr(send, "__self__", None)
+    if (not isinstance(cycle, RequestResponseCycle)
+            or getattr(send, "__func__", None) is not RequestResponseCycle.send):
+        return None
+    if not all(hasattr(cycle, a) for a in ("transport", "flow", "disconnected",
+                                           "chunked_encoding", "scope")):
+        return None
+    return cycle
 
 
 class Forward:
@@ -42,6 +79,8 @@ class Forward:
         self.done: asyncio.Future[str | None] | None = None
         self.task: asyncio.Task[None] | None = None
         self.before = self.last = b""  # the last two chunks sent: the reply's usage is there
+        self._cycle = _uvicorn_cycle(send)
+        self.cycle: Any = None  # set once chunks may be written to the client directly
 
     async def run(self) -> str | None:
         loop = asyncio.get_running_loop()
@@ -63,6 +102,12 @@ class Forward:
     def chunk(self, data: bytes) -> None:
         if self.busy:
             self.pending.append(data)
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.flow.write_paused:
+            self.before, self.last = self.last, data
+            if not cycle.disconnected:  # uvicorn drops a send after the client left
+                cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
             return
         coro = self._step_send(self._message(data))
         try:
@@ -125,6 +170,10 @@ class Forward:
         if self.first:
             self.first = False
             self.first_byte()
+            cycle = self._cycle  # the head was sent: its framing is known
+            if cycle is not None and cycle.chunked_encoding is True \
+                    and cycle.scope["method"] != "HEAD":
+                self.cycle = cycle
         self.before, self.last = self.last, data
         return {"type": "http.response.body", "body": data, "more_body": True}
 

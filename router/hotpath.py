@@ -42,6 +42,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.drain import Drain
+from router.forward import passes_body
 
 GC_THRESHOLD0 = 50_000  # allocations between young collections (CPython's default: 700)
 
@@ -126,7 +127,7 @@ def closing(send: Send) -> Send:
                                               (b"connection", b"close")]}
         await send(message)
 
-    return closed
+    return passes_body(closed, send)
 
 
 def freeze_gc(threshold0: int = GC_THRESHOLD0) -> None:

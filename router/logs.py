@@ -24,6 +24,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.disconnect import CLIENT_CLOSED
+from router.forward import passes_body
 
 ACCESS = logging.getLogger("lmroute.access")
 _HEADERS = {b"x-request-id": "request_id", b"x-lmroute-policy": "policy",
@@ -97,7 +98,7 @@ class AccessLog:
             await send(message)
 
         try:
-            await self.app(scope, receive, logged)
+            await self.app(scope, receive, passes_body(logged, send))
         finally:
             state = scope.get("state") or {}
             if state.get("client_gone"):

@@ -171,9 +171,7 @@ class WireResponse:
 
     # -- the connection's side -----------------------------------------------------
     def _feed(self, chunk: bytes) -> None:
-        if self._sink is not None:
-            self._sink.chunk(chunk)
-            return
+        """Buffer a chunk for the consumer (``Conn._flush`` hands it to a sink itself)."""
         self._chunks.append(chunk)
         self._unread += len(chunk)
         self._wake()
@@ -263,10 +261,15 @@ class Conn(asyncio.Protocol):
 
     def _flush(self) -> None:
         """Hand this read's body bytes to the reply, as one piece."""
-        parts = self._body
-        if parts and self.resp is not None:
+        parts, resp = self._body, self.resp
+        if parts and resp is not None:
             self._body = []
-            self.resp._feed(parts[0] if len(parts) == 1 else b"".join(parts))
+            chunk = parts[0] if len(parts) == 1 else b"".join(parts)
+            sink = resp._sink
+            if sink is not None:  # one hop less on every event of a forwarded stream
+                sink.chunk(chunk)
+            else:
+                resp._feed(chunk)
 
     def on_message_complete(self) -> None:
         if self.resp is not None and not self.resp.status:
