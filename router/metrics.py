@@ -11,13 +11,13 @@ scrape time by a collector, so there is no second copy of that state to drift.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from router.replicas import ReplicaSet
+from router.tallies import Spread, Tally, TallyCollector
 
 # Seconds; LLM latencies span milliseconds (pool hits, router overhead) to minutes (cold
 # 256k prefills: 92 s in the study).
@@ -82,35 +82,17 @@ def _canary_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge]:
                   "wrong (the pool tier is then treated as absent)", registry=r))
 
 
-class _Children:
-    """A labelled metric's children by label values, looked up in one dict access:
-    prometheus_client's ``labels()`` re-validates and re-stringifies the values and takes a
-    lock on every call (5 % of a loaded router's CPU, py-spy)."""
-
-    def __init__(self, metric: Counter | Histogram):
-        self._metric = metric
-        self._children: dict[tuple[object, ...], Any] = {}
-
-    def __call__(self, *values: object) -> Any:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = self._metric.labels(*values)
-        return child
-
-
 class RouterMetrics:
     """Router metrics on a private registry (no process globals: several apps per process)."""
 
     def __init__(self, replicas: ReplicaSet):
         self.registry = CollectorRegistry()
         r = self.registry
-        self._requests = Counter(
-            "lmroute_requests", "proxied requests by outcome",
-            ["endpoint", "replica", "status", "arm"], registry=r,
-        )
-        self._decisions = Counter(
-            "lmroute_decisions", "policy decisions", ["policy", "reason", "arm"], registry=r
-        )
+        # The request path's own (router.tallies: no lock, no linear bucket scan).
+        self._requests = Tally("lmroute_requests", "proxied requests by outcome",
+                               ["endpoint", "replica", "status", "arm"])
+        self._decisions = Tally("lmroute_decisions", "policy decisions",
+                                ["policy", "reason", "arm"])
         self._retries = Counter(
             "lmroute_retries", "requests re-sent to another replica (failover)",
             ["replica", "arm"], registry=r,
@@ -127,45 +109,33 @@ class RouterMetrics:
             "lmroute_client_disconnects", "clients gone before their reply ended (upstream "
             "request cancelled)", ["phase"], registry=r,
         )
-        self._ttft = Histogram(
+        self._ttft = Spread(
             "lmroute_time_to_first_byte_seconds",
             "router receipt to first body byte from the replica (TTFT when streaming)",
-            ["replica", "arm"], buckets=LATENCY_BUCKETS, registry=r,
-        )
-        self._duration = Histogram(
-            "lmroute_request_duration_seconds", "router receipt to last byte",
-            ["replica", "arm"], buckets=LATENCY_BUCKETS, registry=r,
-        )
+            ["replica", "arm"], LATENCY_BUCKETS)
+        self._duration = Spread("lmroute_request_duration_seconds",
+                                "router receipt to last byte", ["replica", "arm"], LATENCY_BUCKETS)
         self._canaries, self._pool_suspect = _canary_metrics(r)
-        self._overhead = Histogram(
-            "lmroute_routing_overhead_seconds", "parse + lookup + choose, before the upstream send",
-            buckets=OVERHEAD_BUCKETS, registry=r,
-        )
-        self._ttft_ratio = Histogram(
+        self._overhead = Spread("lmroute_routing_overhead_seconds",
+                                "parse + lookup + choose, before the upstream send", [],
+                                OVERHEAD_BUCKETS)
+        self._ttft_ratio = Spread(
             "lmroute_ttft_observed_over_predicted",
             "observed TTFT / the policy's predicted TTFT (1 = exact; policies that predict)",
-            ["replica", "arm"], buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0),
-            registry=r,
-        )
-        self._index_lookups = Counter(
-            "lmroute_index_lookups", "prefix index lookups by the best tier found",
-            ["tier"], registry=r,
-        )
-        self._index_lookup = Histogram(
-            "lmroute_index_lookup_seconds", "one prefix index lookup (one round trip)",
-            buckets=OVERHEAD_BUCKETS, registry=r,
-        )
+            ["replica", "arm"], (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0))
+        self._index_lookups = Tally("lmroute_index_lookups",
+                                    "prefix index lookups by the best tier found", ["tier"])
+        self._index_lookup = Spread("lmroute_index_lookup_seconds",
+                                    "one prefix index lookup (one round trip)", [],
+                                    OVERHEAD_BUCKETS)
         self._index_errors = Counter(
             "lmroute_index_errors", "index failures (the request went on without it)",
             ["kind"], registry=r,
         )
         r.register(_ReplicaCollector(replicas))
-        self._cache_children()
-
-    def _cache_children(self) -> None:
-        self._requests_of, self._decisions_of = _Children(self._requests), _Children(self._decisions)
-        self._ttft_of, self._duration_of = _Children(self._ttft), _Children(self._duration)
-        self._ratio_of, self._lookups_of = _Children(self._ttft_ratio), _Children(self._index_lookups)
+        r.register(TallyCollector([self._requests, self._decisions, self._ttft, self._duration,
+                                   self._overhead, self._ttft_ratio, self._index_lookups,
+                                   self._index_lookup]))
 
     # -- the request path -------------------------------------------------------------
     def refused(self, code: str) -> None:
@@ -173,14 +143,14 @@ class RouterMetrics:
         self._client_errors.labels(code).inc()
 
     def decision(self, policy: str, reason: str, arm: str) -> None:
-        self._decisions_of(policy, reason, arm).inc()
+        self._decisions.add((policy, reason, arm))
 
     def retry(self, replica: str, arm: str) -> None:
         """A request re-sent to ``replica`` after another failed it (failover)."""
         self._retries.labels(replica, arm).inc()
 
     def routing_overhead(self, seconds: float) -> None:
-        self._overhead.observe(seconds)
+        self._overhead.observe((), seconds)
 
     def canary(self, result: str) -> None:
         self._canaries.labels(result=result).inc()
@@ -199,19 +169,19 @@ class RouterMetrics:
                      duration_s: float | None = None, ttft_s: float | None = None,
                      predicted_ttft_s: float | None = None) -> None:
         """One proxied request answered by ``replica``: count, durations, TTFT accuracy."""
-        self._requests_of(endpoint, replica, status, arm).inc()
+        self._requests.add((endpoint, replica, status, arm))
         if duration_s is not None:
-            self._duration_of(replica, arm).observe(duration_s)
+            self._duration.observe((replica, arm), duration_s)
         if ttft_s is not None:
-            self._ttft_of(replica, arm).observe(ttft_s)
+            self._ttft.observe((replica, arm), ttft_s)
             if predicted_ttft_s:
-                self._ratio_of(replica, arm).observe(ttft_s / predicted_ttft_s)
+                self._ttft_ratio.observe((replica, arm), ttft_s / predicted_ttft_s)
 
     # -- the prefix index -----------------------------------------------------------------
     def index_lookup(self, seconds: float, tier: str) -> None:
         """One lookup took ``seconds``; ``tier`` is the best tier it found."""
-        self._index_lookup.observe(seconds)
-        self._lookups_of(tier).inc()
+        self._index_lookup.observe((), seconds)
+        self._index_lookups.add((tier,))
 
     def index_error(self, kind: str) -> None:
         """The index failed (``kind``: lookup, record, template, events, ...); the request
