@@ -199,6 +199,13 @@ class Conn(asyncio.Protocol):
     def __init__(self, pool: WirePool, key: Key):
         self.pool, self.key = pool, key
         self.transport: asyncio.Transport | None = None
+        # Body pieces parsed from the current read: a chunked reply gives one per HTTP
+        # chunk (one per SSE event), and a read that holds several goes on as one piece.
+        self._body: list[bytes] = []
+        # httptools calls ``on_body`` per piece (looked up when the parser is made, below):
+        # the list's own append is a C call, not a Python frame, on every event (the list
+        # is emptied in place, never replaced).
+        self.on_body = self._body.append
         self.parser = httptools.HttpResponseParser(self)
         self.resp: WireResponse | None = None
         self.head: asyncio.Future[None] | None = None  # done when the reply's headers are in
@@ -207,9 +214,6 @@ class Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
-        # Body pieces parsed from the current read: a chunked reply gives one per HTTP
-        # chunk (one per SSE event), and a read that holds several goes on as one piece.
-        self._body: list[bytes] = []
 
     # -- asyncio.Protocol ----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -256,15 +260,12 @@ class Conn(asyncio.Protocol):
         if not self.head.done():
             self.head.set_result(None)
 
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
-
     def _flush(self) -> None:
         """Hand this read's body bytes to the reply, as one piece."""
         parts, resp = self._body, self.resp
         if parts and resp is not None:
-            self._body = []
             chunk = parts[0] if len(parts) == 1 else b"".join(parts)
+            parts.clear()
             sink = resp._sink
             if sink is not None:  # one hop less on every event of a forwarded stream
                 sink.chunk(chunk)
