@@ -106,7 +106,8 @@ class Forward:
         cycle = self.cycle
         if cycle is not None and not cycle.flow.write_paused:
             self.before, self.last = self.last, data
-            if not cycle.disconnected:  # uvicorn drops a send after the client left
+            # uvicorn drops a send after the client left; an empty chunk would end the body
+            if data and not cycle.disconnected:
                 cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
             return
         coro = self._step_send(self._message(data))
