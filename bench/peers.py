@@ -199,6 +199,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ("paced", on_paced, "stream", args.paced_conns, args.duration),
                 ("c1", on_fast, "non-stream", 1, args.low_duration),
             ):
+                if args.only and kind not in args.only:
+                    continue
                 if kind == "c1":
                     cells.append(cell(kind, "direct", fast[0], None, luas[mode], rnd, 1, dur))
                 for name in order:
@@ -238,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                          "of any Python router)")
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=ARGS: also `lmroute serve ARGS` as target NAME (repeat)")
+    ap.add_argument("--only", nargs="+", choices=("nonstream", "stream", "paced", "c1"),
+                    help="run only these measurements (e.g. paced, with --events 4 and 32: "
+                         "CPU per event against CPU per request)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--duration", type=int, default=8, help="seconds per loaded wrk run")
     ap.add_argument("--low-duration", type=int, default=5, help="seconds per c1 run")
