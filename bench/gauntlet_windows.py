@@ -1,0 +1,56 @@
+"""One gauntlet simulation seen over time: mean TTFT by window of arrival, per policy.
+
+A gauntlet cell's figure is one number per seed; a loss that is a transient (a backlog
+built at the start and drained slowly) looks the same there as a steady one. This runs
+the gauntlet's own simulation (``sim.experiments.gauntlet.records``: the same ``Job`` at
+the load read from a gauntlet JSON) for one seed and prints, per policy, the measured
+requests' mean TTFT, the decisions' reasons, and the mean TTFT by ``--window`` seconds of
+arrival (all requests, warm-up included, so the start shows).
+
+    .venv/bin/python bench/gauntlet_windows.py --workload docqa --routers 4 --seed 76 \\
+        --policies locality,locality@work_weight=0,prefix_affinity
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+from sim.experiments.gauntlet import BASE_REPLICAS, Job, measured, records
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--hardware", default="study-27b")
+    ap.add_argument("--replicas", type=int, default=BASE_REPLICAS)
+    ap.add_argument("--routers", type=int, default=1)
+    ap.add_argument("--load", type=float, default=1.0, help="multiple of the knee")
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--policies", default="locality,prefix_affinity")
+    ap.add_argument("--knees-from", type=Path, default=Path("docs/gauntlet.json"))
+    ap.add_argument("--duration", type=float, default=400.0)
+    ap.add_argument("--window", type=float, default=50.0, help="seconds of arrival")
+    args = ap.parse_args()
+    knee = json.loads(args.knees_from.read_text())["knees"][args.workload]["rate_scale"]
+    for policy in args.policies.split(","):
+        job = Job(args.workload, args.hardware, args.replicas, args.routers, knee * args.load,
+                  policy, args.seed, args.duration, "study-27b")
+        done = records(job)
+        kept = measured(job, done)
+        mean = sum(r.ttft_s for r in kept) / max(1, len(kept))
+        reasons = collections.Counter(r.reason for r in kept).most_common(4)
+        by: dict[int, list[float]] = collections.defaultdict(list)
+        for r in done:
+            by[int(r.arrival // args.window)].append(r.ttft_s)
+        windows = " ".join(f"{k * args.window:g}s:{sum(v) / len(v):.1f}"
+                           for k, v in sorted(by.items()))
+        print(f"{policy}: {len(kept)} measured, mean TTFT {mean:.2f} s, reasons {dict(reasons)}")
+        print(f"  by arrival: {windows}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
