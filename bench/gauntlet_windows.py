@@ -33,11 +33,13 @@ def main() -> int:
     ap.add_argument("--knees-from", type=Path, default=Path("docs/gauntlet.json"))
     ap.add_argument("--duration", type=float, default=400.0)
     ap.add_argument("--window", type=float, default=50.0, help="seconds of arrival")
+    ap.add_argument("--shared-index", action="store_true",
+                    help="the routers share one index (as with --index redis://...)")
     args = ap.parse_args()
     knee = json.loads(args.knees_from.read_text())["knees"][args.workload]["rate_scale"]
     for policy in args.policies.split(","):
         job = Job(args.workload, args.hardware, args.replicas, args.routers, knee * args.load,
-                  policy, args.seed, args.duration, "study-27b")
+                  policy, args.seed, args.duration, "study-27b", shared_index=args.shared_index)
         done = records(job)
         kept = measured(job, done)
         mean = sum(r.ttft_s for r in kept) / max(1, len(kept))
