@@ -44,20 +44,30 @@ def _ci(value: float, ci: list[float]) -> str:
     return f"{value:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_cell_args(ap: argparse.ArgumentParser) -> None:
+    """The options naming one gauntlet cell and where its knee is read from."""
     ap.add_argument("--workload", required=True)
     ap.add_argument("--hardware", default="study-27b")
     ap.add_argument("--replicas", type=int, default=BASE_REPLICAS)
     ap.add_argument("--routers", type=int, default=1)
+    ap.add_argument("--knees-from", type=Path, default=Path("docs/gauntlet.json"))
+    ap.add_argument("--duration", type=float, default=400.0)
+
+
+def knee_of(args: argparse.Namespace) -> float:
+    """The workload's knee (a rate scale) from the gauntlet JSON ``--knees-from``."""
+    return float(json.loads(args.knees_from.read_text())["knees"][args.workload]["rate_scale"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_cell_args(ap)
     ap.add_argument("--loads", default="0.25,0.5,1,1.5", help="multiples of the knee")
     ap.add_argument("--seeds", default="0-7", help="e.g. 32-47 or 0,2,5-9")
     ap.add_argument("--policies", default="locality,prefix_affinity,affinity_window,load_aware,"
                     "least_loaded,fixed")
-    ap.add_argument("--knees-from", type=Path, default=Path("docs/gauntlet.json"))
-    ap.add_argument("--duration", type=float, default=400.0)
     args = ap.parse_args()
-    knee = json.loads(args.knees_from.read_text())["knees"][args.workload]["rate_scale"]
+    knee = knee_of(args)
     cell = Cell("cell", args.workload, args.hardware, args.replicas, args.routers)
     seeds, policies = seeds_of(args.seeds), args.policies.split(",")
     loads = [float(v) for v in args.loads.split(",")]

@@ -15,28 +15,23 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
-from pathlib import Path
 
-from sim.experiments.gauntlet import BASE_REPLICAS, Job, measured, records
+from gauntlet_cell import add_cell_args, knee_of
+
+from sim.experiments.gauntlet import Job, measured, records
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", required=True)
-    ap.add_argument("--hardware", default="study-27b")
-    ap.add_argument("--replicas", type=int, default=BASE_REPLICAS)
-    ap.add_argument("--routers", type=int, default=1)
+    add_cell_args(ap)
     ap.add_argument("--load", type=float, default=1.0, help="multiple of the knee")
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--policies", default="locality,prefix_affinity")
-    ap.add_argument("--knees-from", type=Path, default=Path("docs/gauntlet.json"))
-    ap.add_argument("--duration", type=float, default=400.0)
     ap.add_argument("--window", type=float, default=50.0, help="seconds of arrival")
     ap.add_argument("--shared-index", action="store_true",
                     help="the routers share one index (as with --index redis://...)")
     args = ap.parse_args()
-    knee = json.loads(args.knees_from.read_text())["knees"][args.workload]["rate_scale"]
+    knee = knee_of(args)
     for policy in args.policies.split(","):
         job = Job(args.workload, args.hardware, args.replicas, args.routers, knee * args.load,
                   policy, args.seed, args.duration, "study-27b", shared_index=args.shared_index)
