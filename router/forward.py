@@ -53,8 +53,9 @@ def passes_body(wrapper: Send, inner: Send) -> Send:
     return wrapper
 
 
-def _uvicorn_cycle(send: Send) -> Any:
-    """uvicorn's request cycle under ``send`` and its transparent wrappers, or None."""
+def _direct_cycle(send: Send) -> Any:
+    """uvicorn's request cycle under ``send`` and its transparent wrappers, if chunks may
+    be written to its client directly (a chunked reply, its head sent), else None."""
     while (inner := getattr(send, _AFTER_HEAD, None)) is not None:
         send = inner
     cycle = getattr(send, "__self__", None)
@@ -63,6 +64,8 @@ def _uvicorn_cycle(send: Send) -> Any:
         return None
     if not all(hasattr(cycle, a) for a in ("transport", "flow", "disconnected",
                                            "chunked_encoding", "scope")):
+        return None
+    if cycle.chunked_encoding is not True or cycle.scope["method"] == "HEAD":
         return None
     return cycle
 
@@ -79,7 +82,6 @@ class Forward:
         self.done: asyncio.Future[str | None] | None = None
         self.task: asyncio.Task[None] | None = None
         self.before = self.last = b""  # the last two chunks sent: the reply's usage is there
-        self._cycle = _uvicorn_cycle(send)
         self.cycle: Any = None  # set once chunks may be written to the client directly
 
     async def run(self) -> str | None:
@@ -171,10 +173,7 @@ class Forward:
         if self.first:
             self.first = False
             self.first_byte()
-            cycle = self._cycle  # the head was sent: its framing is known
-            if cycle is not None and cycle.chunked_encoding is True \
-                    and cycle.scope["method"] != "HEAD":
-                self.cycle = cycle
+            self.cycle = _direct_cycle(self.send)  # the head was sent: its framing is known
         self.before, self.last = self.last, data
         return {"type": "http.response.body", "body": data, "more_body": True}
 
