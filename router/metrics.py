@@ -3,7 +3,9 @@
 Counters and histograms are private to ``RouterMetrics``: the proxy, the locator, the
 index and the app record through its methods (``decision``, ``request_done``, ...);
 every request metric carries an ``arm`` label: the A/B arm of ``policies.split`` that
-routed it, "" when the policy is not a split;
+routed it, "" when the policy is not a split; the ones every request records
+(requests, decisions, TTFT, duration, overhead, index lookups) are ``router.tallies``
+instruments (no lock per increment), the rare ones prometheus_client's own;
 replica gauges (health, in-flight, scraped engine load) are read from the ReplicaSet at
 scrape time by a collector, so there is no second copy of that state to drift.
 """
