@@ -5,7 +5,8 @@ built at the start and drained slowly) looks the same there as a steady one. Thi
 the gauntlet's own simulation (``sim.experiments.gauntlet.records``: the same ``Job`` at
 the load read from a gauntlet JSON) for one seed and prints, per policy, the measured
 requests' mean TTFT, the decisions' reasons, and the mean TTFT by ``--window`` seconds of
-arrival (all requests, warm-up included, so the start shows).
+arrival (all requests, warm-up included, so the start shows), each followed by ``/`` and
+the mean TTFT the policy predicted for them where it predicts one (``locality``).
 
     .venv/bin/python bench/gauntlet_windows.py --workload docqa --routers 4 --seed 76 \\
         --policies locality,locality@work_weight=0,prefix_affinity
@@ -18,7 +19,15 @@ import collections
 
 from gauntlet_cell import add_cell_args, knee_of
 
+from sim.des.simulation import Record
 from sim.experiments.gauntlet import Job, measured, records
+
+
+def _window(done: list[Record]) -> str:
+    """A window's mean TTFT, and its mean predicted TTFT where the policy predicts one."""
+    text = f"{sum(r.ttft_s for r in done) / len(done):.1f}"
+    predicted = [r.predicted_s for r in done if r.predicted_s is not None]
+    return text + (f"/{sum(predicted) / len(predicted):.1f}" if predicted else "")
 
 
 def main() -> int:
@@ -39,13 +48,12 @@ def main() -> int:
         kept = measured(job, done)
         mean = sum(r.ttft_s for r in kept) / max(1, len(kept))
         reasons = collections.Counter(r.reason for r in kept).most_common(4)
-        by: dict[int, list[float]] = collections.defaultdict(list)
+        by: dict[int, list[Record]] = collections.defaultdict(list)
         for r in done:
-            by[int(r.arrival // args.window)].append(r.ttft_s)
-        windows = " ".join(f"{k * args.window:g}s:{sum(v) / len(v):.1f}"
-                           for k, v in sorted(by.items()))
+            by[int(r.arrival // args.window)].append(r)
         print(f"{policy}: {len(kept)} measured, mean TTFT {mean:.2f} s, reasons {dict(reasons)}")
-        print(f"  by arrival: {windows}")
+        print("  by arrival: " + " ".join(f"{k * args.window:g}s:{_window(v)}"
+                                          for k, v in sorted(by.items())))
     return 0
 
 

@@ -51,6 +51,7 @@ class Record:
     pool_hit_tokens: int
     measured: bool
     router: int = 0  # the router the load balancer handed the request to
+    predicted_s: float | None = None  # the policy's predicted TTFT (``Decision``), if any
 
 
 class Run:
@@ -153,5 +154,6 @@ class Completion:
         run.records.append(Record(
             run.label, run.pool, req.tag, req.session, req.turn, self.decision.replica,
             self.decision.reason, plan.arrival, plan.ttft_s, plan.total_s, plan.prompt_tokens,
-            plan.gpu_hit_tokens, plan.pool_hit_tokens, req.measured, router.number))
+            plan.gpu_hit_tokens, plan.pool_hit_tokens, req.measured, router.number,
+            self.decision.predicted_ttft_s))
         return run.arrivals(run.workload.after(req, now))
