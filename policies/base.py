@@ -27,6 +27,19 @@ SessionKey = str
 # blocks, its index and ``Residency`` (the router imports it from here).
 DEFAULT_BLOCK_TOKENS = 256
 
+# How deep into a prompt its ``RequestView.anchor`` is taken: prompts that share their
+# first 4,096 tokens (a document, a long system prompt) share a prefix worth placing
+# together; shorter prompts are anchored by their whole chain.
+ANCHOR_TOKENS = 4096
+
+
+def anchor_key(chain: Sequence[int], block_tokens: int) -> int:
+    """``RequestView.anchor`` of a prompt whose block chain is ``chain`` (chained keys:
+    block ``i``'s key stands for the whole prefix through it)."""
+    if not chain:
+        return 0
+    return chain[min(len(chain), max(1, ANCHOR_TOKENS // block_tokens)) - 1]
+
 
 class Tier(StrEnum):
     """Where a prefix block lives, fastest first."""
@@ -73,6 +86,9 @@ class RequestView:
     names replicas already tried for this request (failover): a policy must not pick them.
     ``request_id`` is the router's own id, unique per request: never the client's
     X-Request-Id, which two requests may share (policy state keyed on it would leak).
+    ``anchor``: the key of the prompt's prefix that every router computes alike
+    (``anchor_key``: its chain's block at ``ANCHOR_TOKENS``, or its last; 0: no chain), so
+    routers that do not know each other's placements can still agree where a new prefix goes.
     """
 
     request_id: str
@@ -86,6 +102,7 @@ class RequestView:
     last_replica: ReplicaId | None = None
     now: float = 0.0
     exclude: frozenset[ReplicaId] = frozenset()
+    anchor: int = 0
 
 
 @dataclass(frozen=True, slots=True)

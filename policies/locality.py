@@ -49,7 +49,12 @@ from noise alone); among them the fewest of our requests queued wins, then the
 fewest in flight (replies still streaming: their sessions will come back), then the session's
 rendezvous order (the only order when another router's requests are on a candidate: it
 is the one all routers agree on). Without it, the replica the calibration believes
-faster wins every tie, and at low load nearly every request is one.
+faster wins every tie, and at low load nearly every request is one. A prompt that no
+candidate holds any of, as far as this router knows, goes by its prefix's order instead
+(``anchored``; ``RequestView.anchor``, the key of its first 4,096 tokens): routers that do
+not share placements then send a new document's first readers to one replica, where
+each computed it on its own (4 routers, `docqa`: every document computed 3-4 times in
+the first seconds, a backlog that took minutes to drain).
 
 Wait (FIFO, one prefill at a time per replica, as vLLM schedules long prefills): the
 requests this policy dispatched to ``r`` and whose first token has not arrived form a
@@ -110,7 +115,8 @@ class LocalityConfig:
     which one in every k does (``Stride``; 0: every reply); ``split_tolerance``: a reply
     whose engine-reported cached share of the prompt is further than this (plus one
     index block's share) from the estimate's teaches nothing; ``returning``: weight of
-    the sessions between turns back during a placement's service (0: off)."""
+    the sessions between turns back during a placement's service (0: off); ``anchored``:
+    ties of a prompt no candidate holds go by its prefix's order (``RequestView.anchor``)."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -128,6 +134,7 @@ class LocalityConfig:
     calibration_rate: float = 100.0
     split_tolerance: float = 0.1
     returning: float = 1.0
+    anchored: bool = True
 
 
 class _Dispatch(NamedTuple):
@@ -231,7 +238,11 @@ class Locality(BasePolicy):
         bound = low * (1 + self.config.tie_margin + error)
         tied = [r for r in candidates if scores[r.id] <= bound]
         if len(tied) > 1:
-            tied = rendezvous_rank(request.session, tied)
+            # A prompt no candidate holds any of (that we know) goes by its anchor's order,
+            # not its session's: another router may be computing that prefix right now,
+            # and the anchor's order is where every router sends it.
+            key = f"#{request.anchor}" if self._anchored(request, estimates) else request.session
+            tied = rendezvous_rank(key, tied)
             best = min(tied, key=lambda r: (self._pending(r.id), 0 if foreign else r.in_flight)).id
         else:
             best = tied[0].id
@@ -279,6 +290,12 @@ class Locality(BasePolicy):
                                weight=self.config.copy_benefit, work_weight=w,
                                mean_service=mean_service)
         return scores
+
+    def _anchored(self, request: RequestView, estimates: dict[str, Estimate]) -> bool:
+        """Whether a tie goes by the prompt's anchor: a prompt no candidate holds any of
+        (that this router knows), whose prefix other routers may be computing right now."""
+        return (self.config.anchored and request.anchor != 0
+                and all(e.gpu_tokens == 0 and e.pool_tokens == 0 for e in estimates.values()))
 
     def _pending(self, replica: str) -> int:
         queue = self._queues.get(replica)

@@ -41,7 +41,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Scope
 
-from policies.base import Decision, NoReplicaAvailable, Outcome, Policy, ReplicaView, RequestView
+from policies.base import (
+    Decision,
+    NoReplicaAvailable,
+    Outcome,
+    Policy,
+    ReplicaView,
+    RequestView,
+    anchor_key,
+)
 from router.bodies import read_body
 from router.disconnect import CLIENT_CLOSED, ClientGone, mark_gone, unless_gone
 from router.errors import (
@@ -173,6 +181,7 @@ class Proxy:
             residency=residency,
             last_replica=self.locator.last_replica(parsed.session),
             now=self.clock(),  # after the lookup, which may wait on Redis
+            anchor=anchor_key(chain, residency.block_tokens),
         )
 
     async def _route(self, parsed: ParsedRequest, target: Target, request: Request,

@@ -56,7 +56,7 @@ import math
 import random
 from collections.abc import Mapping
 
-from policies.base import ReplicaView, RequestView, Residency
+from policies.base import ReplicaView, RequestView, Residency, anchor_key
 from router.in_flight import InFlightPrefixes
 from router.index.memory import MemoryIndex
 from router.locator import SessionMemory, capacity_from_bytes, record_served
@@ -168,7 +168,8 @@ class SimRouter:
             request_id=request.request_id, model="sim", session=request.session,
             stream=True, prompt_tokens=request.prompt_tokens, max_tokens=request.output_tokens,
             residency=self.residency(request.chain, now),
-            last_replica=self.sessions.last(request.session), now=now)
+            last_replica=self.sessions.last(request.session), now=now,
+            anchor=anchor_key(request.chain, self.cluster.profile.chunk_tokens))
 
     def replica_views(self, now: float) -> list[ReplicaView]:
         views = []

@@ -10,7 +10,7 @@ from collections import deque
 
 import pytest
 
-from policies.base import Decision, Outcome, ReplicaView, RequestView, Residency
+from policies.base import Decision, Outcome, ReplicaView, RequestView, Residency, anchor_key
 from policies.cost import STUDY_PRIOR, split_tokens
 from policies.locality import Locality, LocalityConfig
 
@@ -23,10 +23,11 @@ def reps(*ids: str, healthy: bool = True) -> list[ReplicaView]:
 
 
 def req(rid: str, tokens: int, *, gpu: dict[str, int] | None = None, pool: int = 0,
-        last: str | None = None, now: float = 0.0, session: str = "s") -> RequestView:
+        last: str | None = None, now: float = 0.0, session: str = "s",
+        anchor: int = 0) -> RequestView:
     res = Residency(chain_blocks=tokens // BT, block_tokens=BT, gpu=gpu or {}, pool=pool)
     return RequestView(request_id=rid, model="m", session=session, prompt_tokens=tokens,
-                       residency=res, last_replica=last, now=now)
+                       residency=res, last_replica=last, now=now, anchor=anchor)
 
 
 def test_split_tokens_caps_at_prompt_minus_one() -> None:
@@ -315,6 +316,37 @@ def test_a_new_session_goes_where_fewer_of_ours_are_in_flight_when_the_scores_ti
     chosen = [policy.choose(req(str(i), 20_000, session=f"s{i}"), shared).replica
               for i in range(200)]
     assert 70 < chosen.count("a") < 130
+
+
+def test_an_anchor_is_the_key_of_the_first_4096_tokens_or_of_the_whole_prompt() -> None:
+    document = list(range(1, 40))  # chained keys: key i stands for blocks 0..i
+    assert anchor_key(document, BT) == document[15]  # 16 blocks of 256 tokens
+    assert anchor_key([*document[:16], 99, 98], BT) == document[15]  # same opening
+    assert anchor_key(document[:5], BT) == document[4]
+    assert anchor_key(document, 1024) == document[3]  # text mode's blocks
+    assert anchor_key([], BT) == 0
+
+
+def test_routers_that_share_nothing_send_a_new_documents_readers_to_one_replica() -> None:
+    """Four routers, each its own policy, none holding the document: its readers (each
+    its own session) tie on every replica. By the session's order each router computed
+    the document on another replica; by the anchor's all send it to one, and documents
+    still spread. A prompt this router knows a holder of is no tie to break."""
+    routers = [Locality() for _ in range(4)]
+    views = reps("a", "b", "c", "d")
+    homes = []
+    for doc in range(40):
+        chosen = {p.choose(req(f"{doc}-{k}", 40_000, session=f"u{doc}-{k}", anchor=1000 + doc),
+                           views).replica for k, p in enumerate(routers)}
+        assert len(chosen) == 1, (doc, chosen)
+        homes += chosen
+    assert len(set(homes)) == 4
+    by_session = [Locality(LocalityConfig(anchored=False)) for _ in range(4)]
+    spread = [{p.choose(req(f"{doc}-{k}", 40_000, session=f"u{doc}-{k}", anchor=1000 + doc),
+                        views).replica for k, p in enumerate(by_session)} for doc in range(40)]
+    assert sum(len(s) > 1 for s in spread) > 30
+    held = req("h", 40_000, gpu={"c": 40_000 // BT}, session="u0-0", anchor=1000)
+    assert routers[0].choose(held, views).replica == "c"
 
 
 def _document_question(config: LocalityConfig, queued_on_a: int, readers: int) -> str:

@@ -1,0 +1,57 @@
+"""Routers that do not share placements agree where a new document goes.
+
+Two ``lmroute serve`` processes, each with its own embedded index, in front of the same
+two emulated replicas: one reader of a document reaches the first router, another reader
+(another session) the second. Neither router has seen the document, so every candidate
+scores the same and the tie decides. ``locality`` breaks the tie of a prompt no
+candidate holds by the prompt's anchor (the key of its first 4,096 tokens, computed by
+the router from the body as the index's blocks are): both routers pick the same replica,
+and the document is computed once. Broken by the session (``anchored=false``), the two
+readers of some documents go to different replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import orjson
+
+try:
+    from servers import Server, router
+except ImportError:  # tests/ became a package
+    from tests.servers import Server, router
+
+DOCUMENTS = 8
+
+
+def _replica_of(client: httpx.Client, url: str, document: int, session: str) -> str:
+    text = " ".join(f"document {document} line {i}: the terms of clause {i * 7 + document}."
+                    for i in range(600))  # ~27 kB: about 27 index blocks of 1 kB
+    body = {"model": "emulated-27b", "max_tokens": 4,
+            "messages": [{"role": "system", "content": text},
+                         {"role": "user", "content": f"{session} asks about clause 3"}]}
+    resp = client.post(url + "/v1/chat/completions", content=orjson.dumps(body),
+                       headers={"content-type": "application/json", "x-session-id": session})
+    assert resp.status_code == 200, resp.text
+    return resp.headers["x-lmroute-replica"]
+
+
+def _placements(start_servers: Callable[[Server], Server], backends: list[str],
+                policy: str) -> list[tuple[str, str]]:
+    first = start_servers(router(backends, "--policy", policy))
+    second = start_servers(router(backends, "--policy", policy))
+    with httpx.Client(timeout=30.0) as client:
+        return [(_replica_of(client, first.url, d, f"reader-a{d}"),
+                 _replica_of(client, second.url, d, f"reader-b{d}"))
+                for d in range(DOCUMENTS)]
+
+
+def test_two_routers_send_a_new_documents_readers_to_one_replica(
+        start_servers: Callable[[Server], Server], two_replicas: list[Server]) -> None:
+    backends = [s.url for s in two_replicas]
+    anchored = _placements(start_servers, backends, "locality")
+    assert all(a == b for a, b in anchored), anchored
+    assert len({a for a, _ in anchored}) == 2, anchored  # documents still spread
+    by_session = _placements(start_servers, backends, "locality@anchored=false")
+    assert any(a != b for a, b in by_session), by_session
