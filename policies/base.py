@@ -29,16 +29,17 @@ DEFAULT_BLOCK_TOKENS = 256
 
 # How deep into a prompt its ``RequestView.anchor`` is taken: prompts that share their
 # first 4,096 tokens (a document, a long system prompt) share a prefix worth placing
-# together; shorter prompts are anchored by their whole chain.
+# together. A shorter prompt has none: its key would change with every turn of its session
+# (its last block), where the session's own key stays the same.
 ANCHOR_TOKENS = 4096
 
 
 def anchor_key(chain: Sequence[int], block_tokens: int) -> int:
     """``RequestView.anchor`` of a prompt whose block chain is ``chain`` (chained keys:
-    block ``i``'s key stands for the whole prefix through it)."""
-    if not chain:
-        return 0
-    return chain[min(len(chain), max(1, ANCHOR_TOKENS // block_tokens)) - 1]
+    block ``i``'s key stands for the whole prefix through it): the key of the block that
+    ends at ``ANCHOR_TOKENS``, or 0 for a chain shorter than that."""
+    depth = max(1, ANCHOR_TOKENS // block_tokens)
+    return chain[depth - 1] if len(chain) >= depth else 0
 
 
 class Tier(StrEnum):
@@ -87,7 +88,7 @@ class RequestView:
     ``request_id`` is the router's own id, unique per request: never the client's
     X-Request-Id, which two requests may share (policy state keyed on it would leak).
     ``anchor``: the key of the prompt's prefix that every router computes alike
-    (``anchor_key``: its chain's block at ``ANCHOR_TOKENS``, or its last; 0: no chain), so
+    (``anchor_key``: its chain's block at ``ANCHOR_TOKENS``; 0: a shorter prompt), so
     routers that do not know each other's placements can still agree where a new prefix goes.
     """
 
