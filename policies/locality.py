@@ -50,9 +50,9 @@ fewest in flight (replies still streaming: their sessions will come back), then 
 rendezvous order (the only order when another router's requests are on a candidate: it
 is the one all routers agree on). Without it, the replica the calibration believes
 faster wins every tie, and at low load nearly every request is one. A prompt that no
-candidate holds any of, as far as this router knows, and that is at least 4,096 tokens long
+candidate holds any of, as far as this router knows, and that is at least 16,384 tokens long
 goes by its prefix's order instead (``anchored``; ``RequestView.anchor``, the key of its
-first 4,096 tokens; a shorter prompt's would change with each turn): routers that do
+first 16,384 tokens; a shorter prompt's would change with each turn): routers that do
 not share placements then send a new document's first readers to one replica, where
 each computed it on its own (4 routers, `docqa`: every document computed 3-4 times in
 the first seconds, a backlog that took minutes to drain).

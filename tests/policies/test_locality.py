@@ -318,13 +318,13 @@ def test_a_new_session_goes_where_fewer_of_ours_are_in_flight_when_the_scores_ti
     assert 70 < chosen.count("a") < 130
 
 
-def test_an_anchor_is_the_key_of_the_first_4096_tokens_and_a_shorter_prompt_has_none() -> None:
-    document = list(range(1, 40))  # chained keys: key i stands for blocks 0..i
-    assert anchor_key(document, BT) == document[15]  # 16 blocks of 256 tokens
-    assert anchor_key([*document[:16], 99, 98], BT) == document[15]  # same opening
-    assert anchor_key(document[:16], BT) == document[15]
-    assert anchor_key(document[:15], BT) == 0  # a turn's key would change with the next
-    assert anchor_key(document, 1024) == document[3]  # text mode's blocks
+def test_an_anchor_is_the_key_of_the_first_16384_tokens_and_a_shorter_prompt_has_none() -> None:
+    document = list(range(1, 100))  # chained keys: key i stands for blocks 0..i
+    assert anchor_key(document, BT) == document[63]  # 64 blocks of 256 tokens
+    assert anchor_key([*document[:64], 999, 998], BT) == document[63]  # same opening
+    assert anchor_key(document[:64], BT) == document[63]
+    assert anchor_key(document[:63], BT) == 0  # a turn's key would change with the next
+    assert anchor_key(document, 1024) == document[15]  # 1 kB blocks (text mode)
     assert anchor_key([], BT) == 0
 
 

@@ -4,7 +4,7 @@ Two ``lmroute serve`` processes, each with its own embedded index, in front of t
 two emulated replicas: one reader of a document reaches the first router, another reader
 (another session) the second. Neither router has seen the document, so every candidate
 scores the same and the tie decides. ``locality`` breaks the tie of a prompt no
-candidate holds by the prompt's anchor (the key of its first 4,096 tokens, computed by
+candidate holds by the prompt's anchor (the key of its first 16,384 tokens, computed by
 the router from the body as the index's blocks are): both routers pick the same replica,
 and the document is computed once. Broken by the session (``anchored=false``), the two
 readers of some documents go to different replicas.
@@ -27,7 +27,7 @@ DOCUMENTS = 8
 
 def _replica_of(client: httpx.Client, url: str, document: int, session: str) -> str:
     text = " ".join(f"document {document} line {i}: the terms of clause {i * 7 + document}."
-                    for i in range(600))  # ~27 kB: about 27 index blocks of 1 kB
+                    for i in range(1600))  # ~75 kB: past the anchor's 16,384 tokens
     body = {"model": "emulated-27b", "max_tokens": 4,
             "messages": [{"role": "system", "content": text},
                          {"role": "user", "content": f"{session} asks about clause 3"}]}
