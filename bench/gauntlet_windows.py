@@ -6,7 +6,8 @@ the gauntlet's own simulation (``sim.experiments.gauntlet.records``: the same ``
 the load read from a gauntlet JSON) for one seed and prints, per policy, the measured
 requests' mean TTFT, the decisions' reasons, and the mean TTFT by ``--window`` seconds of
 arrival (all requests, warm-up included, so the start shows), each followed by ``/`` and
-the mean TTFT the policy predicted for them where it predicts one (``locality``).
+the mean TTFT the policy predicted for them where it predicts one (``locality``), and the
+prompt tokens computed from scratch by window.
 
     .venv/bin/python bench/gauntlet_windows.py --workload docqa --routers 4 --seed 76 \\
         --policies locality,locality@work_weight=0,prefix_affinity
@@ -28,6 +29,11 @@ def _window(done: list[Record]) -> str:
     text = f"{sum(r.ttft_s for r in done) / len(done):.1f}"
     predicted = [r.predicted_s for r in done if r.predicted_s is not None]
     return text + (f"/{sum(predicted) / len(predicted):.1f}" if predicted else "")
+
+
+def _uncached(done: list[Record]) -> int:
+    """Prompt tokens computed from scratch (neither a GPU nor a pool hit)."""
+    return sum(r.prompt_tokens - r.gpu_hit_tokens - r.pool_hit_tokens for r in done)
 
 
 def main() -> int:
@@ -54,6 +60,8 @@ def main() -> int:
         print(f"{policy}: {len(kept)} measured, mean TTFT {mean:.2f} s, reasons {dict(reasons)}")
         print("  by arrival: " + " ".join(f"{k * args.window:g}s:{_window(v)}"
                                           for k, v in sorted(by.items())))
+        print("  uncached prompt tokens (M): " + " ".join(
+            f"{k * args.window:g}s:{_uncached(v) / 1e6:.2f}" for k, v in sorted(by.items())))
     return 0
 
 
