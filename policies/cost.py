@@ -39,6 +39,7 @@ PRIOR_KEYS = frozenset({
     "name", "chunk_tokens", "bytes_per_token", "gpu_kv_bytes", "pool_bytes",
     "prefill_fixed_s", "prefill_token_s", "prefill_token2_s", "load_fixed_s",
     "load_bytes_per_s", "store_bytes_per_s", "tpot_s", "tpot_context_s", "base",
+    "queued_fixed_share",
 })
 # The built-in prior (package data): the study fit of docs/model.md.
 PRIORS_DIR = Path(__file__).parent / "priors"

@@ -58,12 +58,13 @@ from sim.replica.profiles import Profile, load_profile
 
 BASE_HW, BASE_REPLICAS, BASE_ROUTERS = "study-27b", 4, 1
 HARDWARE = ("study-27b", "prefill-0.33x", "prefill-3x", "attn-3x", "pool-4x-slower",
-            "small-gpu", "no-pool", "hetero", "h200-27b")
+            "small-gpu", "no-pool", "hetero", "h200-27b", "batched")
 MEASURED = ("h200-27b",)  # rows that are a measured profile (docs/calibration.md), not derived
 LOADS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 AXIS_WORKLOADS = ("mooncake", "agents", "docqa")
 LIGHT, KNEE_FACTOR, BRACKET_STEPS = 0.1, 5.0, 6
 HETERO_SLOWDOWN = 2.0
+BATCHED_FIXED_SHARE = 0.25  # "batched": a queued prompt pays this share of the fixed term
 WARMUP = 0.1
 
 
@@ -88,6 +89,8 @@ def hardware_row(name: str, base: Profile) -> tuple[Profile, bool, Profile | Non
         return r(base, name=name, gpu_kv_bytes=base.gpu_kv_bytes // 4), True, None
     if name == "no-pool":
         return r(base, name=name), False, None
+    if name == "batched":  # an engine that batches queued prompts (vLLM), not one at a time
+        return r(base, name=name, queued_fixed_share=BATCHED_FIXED_SHARE), True, None
     if name == "hetero":
         k = HETERO_SLOWDOWN
         slow = r(base, name="hetero-slow", prefill_fixed_s=base.prefill_fixed_s * k,

@@ -24,7 +24,7 @@ QUICK: dict[str, Any] = {
 FULL: dict[str, Any] = {
     "workloads": "mooncake,mooncake-synthetic,agents,docqa,tenants,bursty,long", "policies": "",
     "hardware": "study-27b,prefill-0.33x,prefill-3x,attn-3x,pool-4x-slower,small-gpu,no-pool,hetero,"
-                "h200-27b",
+                "h200-27b,batched",
     "replicas": "2,4,8,16", "routers": "1,4", "loads": "0.25,0.5,0.75,1,1.25,1.5", "seeds": 3,
     "duration": 900.0, "knee_iters": 3,
 }

@@ -8,7 +8,9 @@ plan's ``first_token_at`` / ``finish_at``. Arrivals must come in non-decreasing 
 
 Algorithm of ``admit`` (``B`` = ``profile.chunk_tokens``):
 1. Queue: one prefill at a time per replica, FIFO (vLLM schedules prompts in order and a
-   long prefill occupies the engine): ``start = max(arrival, prefill_free_at)``.
+   long prefill occupies the engine): ``start = max(arrival, prefill_free_at)``. A prompt
+   that waited (``start > arrival``) pays ``profile.queued_fixed_share`` of the fixed
+   prefill term: an engine that batches the prompts waiting for a step shares its cost.
 2. Lookup as of ``start``: ``g`` leading blocks on this GPU, ``p`` leading chunks in the
    pool. Hit tokens = ``max(g, p) * B`` capped at ``prompt_tokens - 1``: the engine always
    computes at least the last token to produce logits. The GPU part is free; the part
@@ -137,7 +139,7 @@ class ReplicaModel:
         if pool is not None and pool_hit > 0:
             corrupt = pool.record_load(max(0, pool_blocks - gpu_blocks))
         load_s = prof.pool_load_s(pool_hit)
-        prefill_s = prof.prefill_s(hit, new)
+        prefill_s = prof.prefill_s(hit, new, queued=start > now)
         missing = pool.count_missing(chain) if pool is not None else 0
         store_s = prof.pool_store_s(missing * prof.chunk_tokens)
         first_token_at = start + load_s + prefill_s + store_s

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sim.experiments.study import compare, cross_replica_ttft, format_table
@@ -88,6 +90,21 @@ def test_concurrent_prefills_queue_one_at_a_time() -> None:
     # Queued behind a prefill of the same prefix, it hits what that prefill wrote.
     third = a.admit(req(DOC[:32], 0.02))
     assert third.gpu_hit_tokens == 512
+
+
+def test_an_engine_that_batches_charges_a_queued_prompt_its_share_of_the_fixed_term() -> None:
+    """``queued_fixed_share``: a prompt that waited for the engine pays that share of the
+    fixed prefill term (the step's cost shared with the prompts batched in it); one that
+    found the engine free pays it all, as with the default (one prompt at a time)."""
+    batched = replace(TINY, queued_fixed_share=0.25)
+    a, b = ReplicaModel("a", TINY), ReplicaModel("b", batched)
+    for model in (a, b):
+        model.admit(req(tuple(range(900, 932)), 0.0))
+    fifo, shared = (m.admit(req(tuple(range(700, 732)), 0.001)) for m in (a, b))
+    assert fifo.queue_s > 0 and shared.queue_s > 0
+    assert fifo.prefill_s - shared.prefill_s == pytest.approx(0.75 * TINY.prefill_fixed_s)
+    alone = b.admit(req(tuple(range(500, 532)), 100.0))
+    assert alone.queue_s == 0 and alone.prefill_s == pytest.approx(fifo.prefill_s)
 
 
 def test_decode_time_and_batch_slowdown() -> None:

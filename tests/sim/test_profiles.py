@@ -47,6 +47,7 @@ def test_json_file_with_every_key(tmp_path: Path) -> None:
     ("load_bytes_per_s = 0\n", "load_bytes_per_s"),   # zero divisor
     ("pool_bytes = true\n", "pool_bytes"),          # a bool is not a number
     ('base = "nope"\n', "base"),                    # unknown base
+    ("queued_fixed_share = 1.5\n", "queued_fixed_share"),  # a share above 1
 ])
 def test_bad_keys_and_values_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     path = tmp_path / "bad.toml"
