@@ -6,6 +6,9 @@ prefill, no queueing) into four terms, ``x = (fixed, linear, attention, load)`` 
 
     service(r) = exp(P_r) * (t_f*x_f + t_a*x_a + t_b*x_b) + exp(L_r) * t_l*x_l
 
+with ``t_q`` in place of ``t_f`` for a request queued behind others of ours on ``r``
+(batching, below).
+
 - ``t`` (one factor per term, the fleet's): a GPU, model or emulator time scale that
   differs from the prior, and a prior that is wrong in one term only (prefill 3x slower
   per token but not in its fixed part; a cached request 0.35x a cold one where the prior
@@ -41,8 +44,8 @@ prefill, no queueing) into four terms, ``x = (fixed, linear, attention, load)`` 
     prefill at a time; with batching it still credits the busier replica with the
     step's saving (runs alone left the vLLM pair at deviations 0.6-0.7 and 1.4-1.7,
     78 % of the traffic on one engine), hence the preference for requests served alone.
-    Every observation, queued or not, teaches the fleet's factors, which the wait
-    model needs as they are, batching included.
+    Every observation, queued or not, teaches the fleet's factors; a queued one the
+    queued fixed factor (below) in place of the fixed term's.
   * **Shrunk by how much and how consistent the evidence is.** Per replica, part and
     kind (alone, runs), decayed sums of log offsets from the fleet's prediction (weights
     the part's share; every replica's sums decay by ``replica_forget ** (1 / replicas)``
@@ -70,6 +73,22 @@ prefill, no queueing) into four terms, ``x = (fixed, linear, attention, load)`` 
   a shared 2-core machine: 0.68-0.74 of some prompt sets on one engine;
   docs/locality.md, "On two real vLLM engines").
 
+**Batching** (``queued_fixed``, a fifth factor): a request queued behind others of ours
+on its replica has its own factor on the fixed term, fitted with the others (a queued
+reply's regressors are the four terms with its fixed term moved to this factor's place;
+an unqueued one leaves it at 0). An engine that computes one prompt at a time charges each
+its own fixed cost (the two factors agree); vLLM packs the prompts waiting when a step
+starts into that step, so a queue of short prompts drains in about one step's fixed cost,
+not one per prompt: on the engine suite's vLLM (CPU), eight cached-prefix prompts sent at
+once were all answered within 105 ms where one alone takes 24 ms
+(``bench/engine_batching.py``). One fixed factor for both could fit neither: queued
+replies pulled it down, so an idle replica's recompute looked cheap, while a holder's
+queue of hits still looked a full fixed cost per request long, and ``locality`` copied
+prefixes that did not pay (docs/locality.md). A fleet with no queued replies never
+excites the factor, nor one with no unqueued replies the fixed term's: each stays where
+warm-up put it (and its variance is bounded, ``_bound_covariance``). ``batching=False``
+(``locality@batching=false``) keeps one fixed factor for both, as before.
+
 Residuals are clipped to ``+-log(clip)``, so one outlier moves little, and always use the
 current factors, not the ones of the prediction made at dispatch: with a long queue many
 requests are in flight between a prediction and its observation, and correcting each
@@ -77,7 +96,7 @@ stale prediction in full would integrate one error many times over (wind-up).
 
 ``error()`` is the EWMA (step ``alpha``) of ``|log residual|`` after warm-up: how far the
 calibrated model's predictions are from what happens, so the policy can trust it less
-where it is wrong (``policies.locality``). Pure arithmetic, no numpy: four terms.
+where it is wrong (``policies.locality``). Pure arithmetic, no numpy: five factors.
 """
 
 from __future__ import annotations
@@ -87,23 +106,22 @@ from dataclasses import dataclass, field
 
 Terms = tuple[float, float, float, float]  # fixed, linear, attention, load (seconds)
 TERM_NAMES = ("fixed", "linear", "attention", "load")
+# The fit's factors: the terms', then the fixed term's for a request queued behind others.
+FACTOR_NAMES = (*TERM_NAMES, "queued_fixed")
+QUEUED_FIXED = 4
 
 
 def _rls_step(theta: list[float], p: list[list[float]], z: list[float], error: float,
               forget: float) -> None:
     """One recursive-least-squares update of ``theta`` and its covariance ``p`` in place.
-    (Written out for four terms: it runs once per reply.)"""
-    z0, z1, z2, z3 = z
-    pz = [r[0] * z0 + r[1] * z1 + r[2] * z2 + r[3] * z3 for r in p]
-    pz0, pz1, pz2, pz3 = pz
-    denom = forget + (z0 * pz0 + z1 * pz1 + z2 * pz2 + z3 * pz3)
+    (Plain loops over five factors: it runs once per teaching reply.)"""
+    pz = [sum(a * b for a, b in zip(row, z, strict=True)) for row in p]
+    denom = forget + sum(a * b for a, b in zip(z, pz, strict=True))
     for i, row in enumerate(p):
         gain = pz[i] / denom
         theta[i] += gain * error
-        row[0] = (row[0] - gain * pz0) / forget
-        row[1] = (row[1] - gain * pz1) / forget
-        row[2] = (row[2] - gain * pz2) / forget
-        row[3] = (row[3] - gain * pz3) / forget
+        for j, v in enumerate(pz):
+            row[j] = (row[j] - gain * v) / forget
 
 
 def _bound_covariance(p: list[list[float]], cap: float) -> None:
@@ -122,7 +140,7 @@ def _bound_covariance(p: list[list[float]], cap: float) -> None:
         return
     # Only the rows and columns of the variances over the cap change (a variance that
     # no request excites stays there: every step of a fleet with no pool scales one).
-    scale = [1.0] * 4
+    scale = [1.0] * len(p)
     for i in big:
         scale[i] = min(1.0, math.sqrt(cap / p[i][i]))
     for i, row in enumerate(p):
@@ -149,8 +167,9 @@ class Calibration:
     run_max: int = 8
     alone_min: float = 5.0
     min_var: float = 0.01
+    batching: bool = True  # queued requests' own fixed factor (False: one for all, as before)
     observations: int = 0
-    term_scale: list[float] = field(default_factory=lambda: [1.0] * 4)
+    term_scale: list[float] = field(default_factory=lambda: [1.0] * len(FACTOR_NAMES))
     log_prefill: dict[str, float] = field(default_factory=dict)
     log_load: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
@@ -163,10 +182,12 @@ class Calibration:
     _cov: list[list[float]] = field(default_factory=list)
     _base: float = 1.0
 
-    def predict(self, replica: str, terms: Terms) -> tuple[float, float]:
-        """(pool load seconds, prefill seconds) on ``replica``, calibrated."""
+    def predict(self, replica: str, terms: Terms, queued: bool = False) -> tuple[float, float]:
+        """(pool load seconds, prefill seconds) on ``replica``, calibrated; ``queued``: the
+        request will wait behind others of ours there (its fixed term's own factor)."""
         t = self.term_scale
-        prefill = t[0] * terms[0] + t[1] * terms[1] + t[2] * terms[2]
+        prefill = (t[QUEUED_FIXED if queued and self.batching else 0] * terms[0] + t[1] * terms[1]
+                   + t[2] * terms[2])
         return (t[3] * terms[3] * math.exp(self.log_load.get(replica, 0.0)),
                 prefill * math.exp(self.log_prefill.get(replica, 0.0)))
 
@@ -177,7 +198,12 @@ class Calibration:
 
     def fleet_scale(self) -> float:
         """One number for dashboards: the geometric mean of the term factors."""
-        return math.exp(sum(math.log(v) for v in self.term_scale) / 4)
+        return math.exp(sum(math.log(v) for v in self.term_scale[:4]) / 4)
+
+    def queued_fixed_share(self) -> float:
+        """What a queued request pays of the fixed term, by the fit (1: one prompt at a
+        time; below: an engine that batches the prompts waiting for a step)."""
+        return self.term_scale[QUEUED_FIXED] / self.term_scale[0]
 
     def error(self) -> float:
         """EWMA of |log(observed / predicted)| after warm-up (0 until then)."""
@@ -188,11 +214,12 @@ class Calibration:
         """Fold one observed service time in; returns the log residual it carried.
         ``queued``: it waited behind others of ours on ``replica`` (its time may be 0: an
         engine that batches answers a run of queued requests together)."""
-        load, prefill = self.predict(replica, terms)
+        load, prefill = self.predict(replica, terms, queued)
         service = load + prefill
         if service <= 0 or observed_s < 0 or (observed_s == 0 and not queued):
             return None
-        r = self._update_fleet(replica, terms, service, observed_s) if observed_s > 0 else None
+        r = (self._update_fleet(replica, terms, service, observed_s, queued) if observed_s > 0
+             else None)
         if self.observations > self.replica_warmup:
             if not queued:
                 share, rest = self._offset(terms, observed_s, 1.0)
@@ -208,25 +235,26 @@ class Calibration:
         bound = math.log(self.clip)
         return load / fleet, max(-bound, min(bound, math.log(observed_s / (count * fleet))))
 
-    def _fleet(self, terms: Terms) -> tuple[float, float]:
+    def _fleet(self, terms: Terms, queued: bool = False) -> tuple[float, float]:
         """(load part, total) of the fleet's prediction: no replica's deviation in it."""
         t = self.term_scale
         load = t[3] * terms[3]
-        return load, load + t[0] * terms[0] + t[1] * terms[1] + t[2] * terms[2]
+        fixed = t[QUEUED_FIXED if queued and self.batching else 0] * terms[0]
+        return load, load + fixed + t[1] * terms[1] + t[2] * terms[2]
 
     def _update_fleet(self, replica: str, terms: Terms, service: float,
-                      observed_s: float) -> float:
+                      observed_s: float, queued: bool) -> float:
         r = math.log(observed_s / service)
         self.observations += 1
         self.count[replica] = self.count.get(replica, 0) + 1
         if self.observations <= self.warmup:
             scale = math.exp(math.log(self.term_scale[0]) + r / self.observations)
-            self.term_scale = [scale] * 4
+            self.term_scale = [scale] * len(FACTOR_NAMES)
             return r
         bound = math.log(self.clip)
         r = max(-bound, min(bound, r))
         self.abs_error += self.alpha * (abs(r) - self.abs_error)
-        self._update_terms(replica, terms, service, math.exp(r))
+        self._update_terms(replica, terms, service, math.exp(r), queued)
         return r
 
     def _add_to_run(self, replica: str, terms: Terms, observed_s: float, queued: bool) -> bool:
@@ -234,7 +262,7 @@ class Calibration:
         the split of time between requests is the engine's scheduler's, its total is not.
         Returns whether a run closed (new evidence)."""
         closed = False if queued else self._close_run(replica)
-        load, fleet = self._fleet(terms)
+        load, fleet = self._fleet(terms, queued)
         run = self._runs.setdefault(replica, [0.0] * 4)  # count, observed, load, fleet
         run[0] += 1.0
         run[1] += observed_s
@@ -253,15 +281,21 @@ class Calibration:
         self._update_replica("runs", replica, run[2] / run[3], rest)
         return True
 
-    def _update_terms(self, replica: str, terms: Terms, service: float, ratio: float) -> None:
+    def _update_terms(self, replica: str, terms: Terms, service: float, ratio: float,
+                      queued: bool) -> None:
         if not self._cov:  # after warm-up: one scale known, each term's share free
             self._base = self.term_scale[0]
             s2 = self._base ** 2
-            self._cov = [[s2 if i == j else 0.0 for j in range(4)] for i in range(4)]
+            n = len(FACTOR_NAMES)
+            self._cov = [[s2 if i == j else 0.0 for j in range(n)] for i in range(n)]
         dev_pre = math.exp(self.log_prefill.get(replica, 0.0))
         dev_load = math.exp(self.log_load.get(replica, 0.0))
-        z = [terms[0] * dev_pre / service, terms[1] * dev_pre / service,
-             terms[2] * dev_pre / service, terms[3] * dev_load / service]
+        fixed = terms[0] * dev_pre / service
+        queued = queued and self.batching
+        # A queued request's fixed term excites its own factor, an unqueued one the other.
+        z = [0.0 if queued else fixed, terms[1] * dev_pre / service,
+             terms[2] * dev_pre / service, terms[3] * dev_load / service,
+             fixed if queued else 0.0]
         _rls_step(self.term_scale, self._cov, z, ratio - 1.0, self.forget)
         low, high = self._base / self.max_term, self._base * self.max_term
         for i, v in enumerate(self.term_scale):  # a term never excited must not drift,
@@ -319,7 +353,8 @@ class Calibration:
     def as_json(self) -> dict[str, object]:
         return {"fleet_scale": self.fleet_scale(), "observations": self.observations,
                 "prediction_error": self.abs_error,
-                "term_scale": dict(zip(TERM_NAMES, self.term_scale, strict=True)),
+                "term_scale": dict(zip(FACTOR_NAMES, self.term_scale, strict=True)),
+                "queued_fixed_share": self.queued_fixed_share(),
                 "replicas": {rid: {"prefill_deviation": math.exp(self.log_prefill.get(rid, 0.0)),
                                    "load_deviation": math.exp(self.log_load.get(rid, 0.0)),
                                    "observations": self.count[rid]}

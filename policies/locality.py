@@ -117,7 +117,10 @@ class LocalityConfig:
     whose engine-reported cached share of the prompt is further than this (plus one
     index block's share) from the estimate's teaches nothing; ``returning``: weight of
     the sessions between turns back during a placement's service (0: off); ``anchored``:
-    ties of a prompt no candidate holds go by its prefix's order (``RequestView.anchor``)."""
+    ties of a prompt no candidate holds go by its prefix's order (``RequestView.anchor``);
+    ``batching``: a request queued behind others of ours has its own calibrated fixed
+    term (``Calibration``'s ``queued_fixed`` factor: an engine that batches waiting
+    prompts); off, one fixed factor serves both."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -136,6 +139,7 @@ class LocalityConfig:
     split_tolerance: float = 0.1
     returning: float = 1.0
     anchored: bool = True
+    batching: bool = True
 
 
 class _Dispatch(NamedTuple):
@@ -177,7 +181,8 @@ class Locality(BasePolicy):
     def __init__(self, config: LocalityConfig | None = None) -> None:
         self.config = config or LocalityConfig()
         c = self.config
-        self.calibration = Calibration(alpha=c.alpha, warmup=c.warmup, clip=c.clip)
+        self.calibration = Calibration(alpha=c.alpha, warmup=c.warmup, clip=c.clip,
+                                       batching=c.batching)
         self._queues: dict[str, FifoQueue] = {}
         self._dispatches: dict[str, _Dispatch] = {}  # until observed at its first token
         self._service_mean: dict[str, float] = {}
@@ -209,8 +214,10 @@ class Locality(BasePolicy):
         if terms is None:
             gpu, load, new = split
             terms = terms_of[split] = self.config.prior.terms(gpu + load, new, load)
-        load_s, prefill_s = self.calibration.predict(rid, terms)
         queue = self._queues.get(rid)
+        # Behind others of ours there, it shares a batched engine's steps (``fixed_share``).
+        queued = queue is not None and bool(queue.pending)
+        load_s, prefill_s = self.calibration.predict(rid, terms, queued)
         wait = 0.0 if queue is None else queue.wait(request.now)
         if others_waiting > 0:
             wait += others_waiting * self._service_mean.get(rid, 0.0)

@@ -81,7 +81,8 @@ def test_describes_itself() -> None:
     cal = Calibration()
     cal.update("a", MISS, 2.0)
     doc = cal.as_json()
-    assert set(doc["term_scale"]) == {"fixed", "linear", "attention", "load"}  # type: ignore[arg-type]
+    assert set(doc["term_scale"]) == {"fixed", "linear", "attention", "load",  # type: ignore[arg-type]
+                                      "queued_fixed"}
     assert doc["observations"] == 1 and "a" in doc["replicas"]  # type: ignore[operator]
 
 
@@ -109,6 +110,39 @@ def test_identical_replicas_that_batch_and_contend_do_not_split() -> None:
         cal.update("b", terms, work * rng.lognormvariate(0, 0.7))
     for deviation in _deviations(cal):
         assert 0.8 < deviation < 1.25  # the bounds are 0.5 and 2
+
+
+def _batched_or_fifo(share: float, seed: int) -> Calibration:
+    """A replica answering short cache hits: alone a request pays the fixed term in full;
+    the 1-3 sent behind it pay ``share`` of it each (an engine that batches the prompts
+    waiting for a step: vLLM), or all of it (``share`` 1: one prompt at a time)."""
+    rng = random.Random(seed)
+    cal = Calibration()
+    for _ in range(300):
+        terms = STUDY_PRIOR.terms(1500, rng.randrange(50, 150), 0)
+        alone = truth(terms, (1, 1, 1, 1))
+        cal.update("a", terms, alone * rng.lognormvariate(0, 0.1))
+        for _ in range(rng.choice((1, 2, 3))):
+            queued = truth(terms, (share, 1, 1, 1))
+            cal.update("a", terms, queued * rng.lognormvariate(0, 0.1), queued=True)
+    return cal
+
+
+def test_an_engine_that_batches_queued_prompts_is_learnt_from_its_replies() -> None:
+    """Queued requests paying a quarter of the fixed term (the simulator's ``batched``
+    row; real vLLM batches the prompts waiting for a step): the queued fixed factor
+    learns it and the unqueued prediction stays right. With one factor for both (before),
+    each was off: the fixed factor settled between them."""
+    terms = STUDY_PRIOR.terms(1500, 100, 0)
+    batched = _batched_or_fifo(0.25, seed=8)
+    assert batched.queued_fixed_share() == pytest.approx(0.25, abs=0.08)
+    assert predicted(batched, "a", terms) == pytest.approx(truth(terms), rel=0.05)
+    queued = sum(batched.predict("a", terms, queued=True))
+    assert queued == pytest.approx(truth(terms, (0.25, 1, 1, 1)), rel=0.1)
+    # One prompt at a time: both factors agree.
+    fifo = _batched_or_fifo(1.0, seed=8)
+    assert fifo.queued_fixed_share() == pytest.approx(1.0, abs=0.05)
+    assert predicted(fifo, "a", terms) == pytest.approx(truth(terms), rel=0.05)
 
 
 def test_a_truly_slower_replica_is_still_learnt() -> None:

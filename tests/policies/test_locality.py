@@ -476,7 +476,9 @@ def test_at_thousands_of_replies_a_second_one_in_k_teaches_calibration_without_b
                 first, chosen = sent.popleft()
                 policy.observe(Outcome(first, chosen, True, ttft_s=now - first.now, at=now))
         cal = policy.calibration
-        learnt[rate] = (cal.observations, sum(cal.predict("a", STUDY_PRIOR.terms(0, 64, 0))))
+        # Every reply here was queued behind others: the queued prediction is what it taught.
+        learnt[rate] = (cal.observations,
+                        sum(cal.predict("a", STUDY_PRIOR.terms(0, 64, 0), queued=True)))
     (every, predicted_every), (sampled, predicted_sampled) = learnt[0.0], learnt[100.0]
     assert every > 7900 and 200 < sampled < 800
     mean = sum(services) / len(services)
@@ -617,3 +619,47 @@ def test_identical_engines_faster_than_the_router_share_its_traffic() -> None:
         assert 0.35 < _router_bound_split(policy, clients) < 0.65
         # Not at the bounds (log 2 = 0.69): over 8-96 clients noise alone leaves up to 0.28.
         assert all(abs(v) < 0.35 for v in policy.calibration.log_prefill.values())
+
+
+def _taught(share: float, batching: bool = True) -> Locality:
+    """A policy whose calibration saw an engine answering 1,536-token prefixes: hits and
+    misses alone at the prior's cost, and hits queued two deep paying ``share`` of the
+    fixed term (an engine that batches the prompts waiting for a step: vLLM; 1: one at a
+    time)."""
+    policy = Locality(LocalityConfig(batching=batching))
+    rng = random.Random(3)
+    for _ in range(300):
+        hit = STUDY_PRIOR.terms(1536, rng.randrange(50, 150), 0)
+        miss = STUDY_PRIOR.terms(0, 1536 + rng.randrange(50, 150), 0)
+        for terms in (hit, miss):
+            policy.calibration.update("a", terms, sum(terms) * rng.lognormvariate(0, 0.05))
+        for _ in range(2):
+            queued = (hit[0] * share + sum(hit[1:])) * rng.lognormvariate(0, 0.05)
+            policy.calibration.update("a", hit, queued, queued=True)
+    return policy
+
+
+def test_a_holder_whose_engine_batches_its_queue_keeps_the_prefix() -> None:
+    """Two hits of ours are queued on a, which holds the prefix; b is idle. On an engine
+    that computes one prompt at a time the third waits two full hits, and a copy to b
+    (a recompute) is quicker; on one that batches the waiting prompts they cost a quarter
+    of the fixed term each, and the copy does not pay. The policy tells the two apart from
+    what its replies taught it; with one fixed factor for both (``batching=false``) the
+    batching engine's queued replies pulled the factor down and the recompute on b was
+    predicted a hit served alone 40 % cheaper than it is."""
+    blocks = 1536 // BT
+    chosen, alone = {}, {}
+    for name, share, batching in (("fifo", 1.0, True), ("batched", 0.25, True),
+                                  ("one factor", 0.25, False)):
+        policy = _taught(share, batching)
+        for i in range(2):
+            view = req(f"q{i}", 1636, gpu={"a": blocks}, session=f"s{i}")
+            policy.dispatched(view, policy.choose(view, reps("a", "b")))
+        third = req("x", 1636, gpu={"a": blocks}, session="t")
+        chosen[name] = policy.choose(third, reps("a", "b")).replica
+        idle = req("y", 1636, gpu={"c": blocks}, session="u")  # a hit, nothing queued
+        alone[name] = policy.estimate(idle, reps("c")[0]).ttft_s
+    assert chosen["fifo"] == "b" and chosen["batched"] == "a"
+    truth = sum(STUDY_PRIOR.terms(1536, 100, 0))
+    assert alone["batched"] == pytest.approx(truth, rel=0.05)
+    assert alone["one factor"] < 0.6 * truth
