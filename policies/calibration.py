@@ -80,14 +80,15 @@ an unqueued one leaves it at 0). An engine that computes one prompt at a time ch
 its own fixed cost (the two factors agree); vLLM packs the prompts waiting when a step
 starts into that step, so a queue of short prompts drains in about one step's fixed cost,
 not one per prompt: on the engine suite's vLLM (CPU), eight cached-prefix prompts sent at
-once were all answered within 105 ms where one alone takes 24 ms
-(``bench/engine_batching.py``). One fixed factor for both could fit neither: queued
-replies pulled it down, so an idle replica's recompute looked cheap, while a holder's
-queue of hits still looked a full fixed cost per request long, and ``locality`` copied
-prefixes that did not pay (docs/locality.md). A fleet with no queued replies never
-excites the factor, nor one with no unqueued replies the fixed term's: each stays where
-warm-up put it (and its variance is bounded, ``_bound_covariance``). ``batching=False``
-(``locality@batching=false``) keeps one fixed factor for both, as before.
+once were all answered within 82-98 ms where one alone takes 19-20 ms
+(``bench/engine_batching.py``; one at a time would be 160 ms). One fixed factor for both
+could fit neither: queued replies pulled it down, so a request served alone looked
+cheaper than it is, while a holder's queue of hits still looked a full fixed cost per
+request long (docs/locality.md, "An engine that batches its queue"). A fleet with no
+queued replies never excites the factor, nor one with no unqueued replies the fixed
+term's: each stays where warm-up put it (and its variance is bounded,
+``_bound_covariance``). ``batching=False`` (``locality@batching=false``) keeps one fixed
+factor for both, as before.
 
 Residuals are clipped to ``+-log(clip)``, so one outlier moves little, and always use the
 current factors, not the ones of the prediction made at dispatch: with a long queue many

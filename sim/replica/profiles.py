@@ -28,10 +28,11 @@ Cost model (all times in seconds, token counts in tokens):
   prefill): the step's fixed cost is paid once and shared. A planned-at-arrival
   approximation: every queued prompt pays the same share, where the engine charges the
   step's first prompt and the rest little (the sum over a queue is what matters). On
-  vLLM 0.32 (CPU, the engine suite's tiny Llama) eight 1,600-token prompts sharing a
-  cached prefix, sent at once: the first answered in 35-40 ms, six together 52 ms later,
-  the last 12 ms after them; one alone takes 24 ms (``tests/e2e`` engine; measured with
-  ``bench/engine_batching.py``).
+  vLLM 0.32 (CPU, the engine suite's tiny Llama; ``bench/engine_batching.py``,
+  docs/engine-batching.json) eight ~1,600-token prompts sharing a cached prefix, sent at
+  once: the first answered in 36-42 ms, six together at 82-97 ms, the last at 95-98 ms,
+  where one alone takes 19-20 ms (one at a time: 160 ms). Uncached prompts of that length
+  were answered one after another, ~60 ms apart: the share applies to the fixed term only.
 
 Capacities: ``chunk_tokens`` is the block size of every chain (the pool's chunk, and the
 granularity at which the GPU cache is matched); ``gpu_kv_bytes`` and ``pool_bytes`` give
