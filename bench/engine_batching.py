@@ -5,7 +5,11 @@ Llama on the CPU, prefix caching, its threads on core 0) is started, a shared pr
 warmed, then for each ``k`` in ``--hits`` ``k`` requests reading that prefix (a short
 distinct suffix each) are sent at once, ``--reps`` times; then ``k`` in ``--misses``
 requests with nothing cached. Each request is streamed with ``max_tokens`` 2 and its time
-to the first body bytes is recorded, sorted per burst.
+to the first body bytes is recorded, sorted per burst. Last, for each ``d`` in
+``--decoding``, ``d`` requests with long replies (``--decode-tokens``) are started and,
+once they decode, one hit is sent alone: its time to first token with ``d`` sequences
+decoding on the engine (vLLM runs a new prompt's prefill in the same steps as the
+running sequences' decodes).
 
 An engine that computes one prompt at a time answers a burst of ``k`` at 1x, 2x, ... kx
 one request's time; one that packs the prompts waiting when a step starts into that
@@ -18,7 +22,7 @@ rest together, about one step later. The gap between the two is what
         [--reps 3] [--json out.json]
 
 Needs the vLLM CPU venv (``make vllm-venv``; ``LMROUTE_VLLM_PYTHON`` overrides it).
-Not part of CI; about 2 minutes, most of it vLLM starting.
+Not part of CI; about 4 minutes (1 of them vLLM starting).
 """
 
 from __future__ import annotations
@@ -45,9 +49,9 @@ def words(n: int, seed: int) -> str:
     return " ".join(str(rng.randrange(10_000)) for _ in range(n))
 
 
-async def ttft(client: httpx.AsyncClient, url: str, prompt: str) -> float:
+async def ttft(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int = 2) -> float:
     started = time.perf_counter()
-    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 2, "stream": True}
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
     async with client.stream("POST", f"{url}/v1/completions", json=body) as reply:
         reply.raise_for_status()
         async for _ in reply.aiter_bytes():
@@ -73,7 +77,32 @@ async def bursts(url: str, args: argparse.Namespace) -> list[dict[str, object]]:
                 out.append({"kind": kind, "k": k, "rep": rep, "ttft_ms": [t * 1e3 for t in times]})
                 print(f"{kind:6} k={k} rep={rep}: " + " ".join(f"{t * 1e3:.0f}" for t in times),
                       flush=True)
+        for d in args.decoding:
+            for rep in range(args.reps):
+                out.append(await _behind_decodes(client, url, prefix, d, rep, args))
     return out
+
+
+async def _behind_decodes(client: httpx.AsyncClient, url: str, prefix: str, d: int, rep: int,
+                          args: argparse.Namespace) -> dict[str, object]:
+    """One hit's time to first token while ``d`` sequences decode on the engine."""
+    prompts = [f"{prefix} {words(8, 7_000_000 + 100 * d + 10 * rep + j)}" for j in range(d)]
+    decoders = [asyncio.create_task(_decode(client, url, p, args.decode_tokens))
+                for p in prompts]
+    await asyncio.sleep(0.5 if d else 0.0)  # their prefills done: they decode
+    t = await ttft(client, url, f"{prefix} {words(args.suffix_words, 9_000_000 + 100 * d + rep)}")
+    await asyncio.gather(*decoders)
+    print(f"hit behind {d} decoding, rep={rep}: {t * 1e3:.0f}", flush=True)
+    return {"kind": "hit_while_decoding", "k": d, "rep": rep, "ttft_ms": [t * 1e3]}
+
+
+async def _decode(client: httpx.AsyncClient, url: str, prompt: str, tokens: int) -> None:
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": tokens,
+            "ignore_eos": True, "stream": True}
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as reply:
+        reply.raise_for_status()
+        async for _ in reply.aiter_bytes():
+            pass
 
 
 def main() -> None:
@@ -84,10 +113,15 @@ def main() -> None:
     ap.add_argument("--prefix-words", type=int, default=700,
                     help="shared prefix length in words (numbers: about 1,500 tokens)")
     ap.add_argument("--suffix-words", type=int, default=50)
+    ap.add_argument("--decoding", default="0,1,2,4,8",
+                    help="sequences decoding while one hit is sent (empty: skip)")
+    ap.add_argument("--decode-tokens", type=int, default=160,
+                    help="reply length of the decoding sequences")
     ap.add_argument("--json", type=Path, help="write every burst's TTFTs here")
     args = ap.parse_args()
     args.hits = [int(x) for x in args.hits.split(",") if x]
     args.misses = [int(x) for x in args.misses.split(",") if x]
+    args.decoding = [int(x) for x in args.decoding.split(",") if x]
     python = vllm_python()
     model = make_model(python, REPO / ".cache" / "e2e-model")
     server = VllmServer(python, model, PORT, f"tcp://*:{PORT + 1}", f"tcp://*:{PORT + 2}",

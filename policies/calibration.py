@@ -80,8 +80,8 @@ an unqueued one leaves it at 0). An engine that computes one prompt at a time ch
 its own fixed cost (the two factors agree); vLLM packs the prompts waiting when a step
 starts into that step, so a queue of short prompts drains in about one step's fixed cost,
 not one per prompt: on the engine suite's vLLM (CPU), eight cached-prefix prompts sent at
-once were all answered within 82-98 ms where one alone takes 19-20 ms
-(``bench/engine_batching.py``; one at a time would be 160 ms). One fixed factor for both
+once were all answered within 96-99 ms where one alone takes 24-25 ms
+(``bench/engine_batching.py``; one at a time would be 200 ms). One fixed factor for both
 could fit neither: queued replies pulled it down, so a request served alone looked
 cheaper than it is, while a holder's queue of hits still looked a full fixed cost per
 request long (docs/locality.md, "An engine that batches its queue"). A fleet with no

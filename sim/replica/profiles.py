@@ -30,9 +30,9 @@ Cost model (all times in seconds, token counts in tokens):
   step's first prompt and the rest little (the sum over a queue is what matters). On
   vLLM 0.32 (CPU, the engine suite's tiny Llama; ``bench/engine_batching.py``,
   docs/engine-batching.json) eight ~1,600-token prompts sharing a cached prefix, sent at
-  once: the first answered in 36-42 ms, six together at 82-97 ms, the last at 95-98 ms,
-  where one alone takes 19-20 ms (one at a time: 160 ms). Uncached prompts of that length
-  were answered one after another, ~60 ms apart: the share applies to the fixed term only.
+  once: the first answered in 38-49 ms, the rest together at 95-99 ms, where one alone
+  takes 24-25 ms (one at a time: 200 ms). Uncached prompts of that length were answered
+  one after another, ~70 ms apart: the share applies to the fixed term only.
 
 Capacities: ``chunk_tokens`` is the block size of every chain (the pool's chunk, and the
 granularity at which the GPU cache is matched); ``gpu_kv_bytes`` and ``pool_bytes`` give
