@@ -203,7 +203,10 @@ class Calibration:
 
     def queued_fixed_share(self) -> float:
         """What a queued request pays of the fixed term, by the fit (1: one prompt at a
-        time; below: an engine that batches the prompts waiting for a step)."""
+        time; below: an engine that batches the prompts waiting for a step; 1 when
+        ``batching`` is off)."""
+        if not self.batching:
+            return 1.0
         return self.term_scale[QUEUED_FIXED] / self.term_scale[0]
 
     def error(self) -> float:
