@@ -215,7 +215,7 @@ class Locality(BasePolicy):
             gpu, load, new = split
             terms = terms_of[split] = self.config.prior.terms(gpu + load, new, load)
         queue = self._queues.get(rid)
-        # Behind others of ours there, it shares a batched engine's steps (``fixed_share``).
+        # Behind others of ours there, it shares a batched engine's steps (``queued_fixed``).
         queued = queue is not None and bool(queue.pending)
         load_s, prefill_s = self.calibration.predict(rid, terms, queued)
         wait = 0.0 if queue is None else queue.wait(request.now)
