@@ -178,9 +178,7 @@ def from_mapping(data: dict[str, Any], *, source: str = "profile") -> Profile:
     data = dict(data)
     base_name = data.pop("base", DEFAULT_BASE)
     values: dict[str, Any] = {}
-    # A built-in names every required key (its optional ones default); a file inherits
-    # what it leaves out from its base.
-    if (_REQUIRED if source.startswith("built-in") else set(_FIELDS)) - set(data):
+    if set(_FIELDS) - set(data):
         if not isinstance(base_name, str) or base_name not in builtin_names():
             raise ProfileError(f"{source}: profile key 'base': unknown built-in {base_name!r}; "
                                f"known: {', '.join(builtin_names())}")
@@ -195,7 +193,8 @@ def _builtin(name: str) -> Profile:
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     if _REQUIRED - set(data):
         raise ProfileError(f"built-in profile {name}: missing {sorted(_REQUIRED - set(data))}")
-    return from_mapping(data, source=f"built-in profile {name}")
+    # Complete by itself (optional keys default): a built-in inherits from no base.
+    return Profile(**{key: _check(key, value) for key, value in data.items()})
 
 
 def load_profile(spec: str) -> Profile:
