@@ -187,8 +187,7 @@ class Calibration:
         """(pool load seconds, prefill seconds) on ``replica``, calibrated; ``queued``: the
         request will wait behind others of ours there (its fixed term's own factor)."""
         t = self.term_scale
-        prefill = (t[QUEUED_FIXED if queued and self.batching else 0] * terms[0] + t[1] * terms[1]
-                   + t[2] * terms[2])
+        prefill = t[self._fixed(queued)] * terms[0] + t[1] * terms[1] + t[2] * terms[2]
         return (t[3] * terms[3] * math.exp(self.log_load.get(replica, 0.0)),
                 prefill * math.exp(self.log_prefill.get(replica, 0.0)))
 
@@ -200,6 +199,10 @@ class Calibration:
     def fleet_scale(self) -> float:
         """One number for dashboards: the geometric mean of the term factors."""
         return math.exp(sum(math.log(v) for v in self.term_scale[:4]) / 4)
+
+    def _fixed(self, queued: bool) -> int:
+        """The index of the factor on the fixed term: the queued one (``batching``) or not."""
+        return QUEUED_FIXED if queued and self.batching else 0
 
     def queued_fixed_share(self) -> float:
         """What a queued request pays of the fixed term, by the fit (1: one prompt at a
@@ -243,7 +246,7 @@ class Calibration:
         """(load part, total) of the fleet's prediction: no replica's deviation in it."""
         t = self.term_scale
         load = t[3] * terms[3]
-        fixed = t[QUEUED_FIXED if queued and self.batching else 0] * terms[0]
+        fixed = t[self._fixed(queued)] * terms[0]
         return load, load + fixed + t[1] * terms[1] + t[2] * terms[2]
 
     def _update_fleet(self, replica: str, terms: Terms, service: float,
@@ -294,12 +297,10 @@ class Calibration:
             self._cov = [[s2 if i == j else 0.0 for j in range(n)] for i in range(n)]
         dev_pre = math.exp(self.log_prefill.get(replica, 0.0))
         dev_load = math.exp(self.log_load.get(replica, 0.0))
-        fixed = terms[0] * dev_pre / service
-        queued = queued and self.batching
+        z = [0.0, terms[1] * dev_pre / service, terms[2] * dev_pre / service,
+             terms[3] * dev_load / service, 0.0]
         # A queued request's fixed term excites its own factor, an unqueued one the other.
-        z = [0.0 if queued else fixed, terms[1] * dev_pre / service,
-             terms[2] * dev_pre / service, terms[3] * dev_load / service,
-             fixed if queued else 0.0]
+        z[self._fixed(queued)] = terms[0] * dev_pre / service
         _rls_step(self.term_scale, self._cov, z, ratio - 1.0, self.forget)
         low, high = self._base / self.max_term, self._base * self.max_term
         for i, v in enumerate(self.term_scale):  # a term never excited must not drift,
