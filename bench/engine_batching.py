@@ -49,9 +49,9 @@ def words(n: int, seed: int) -> str:
     return " ".join(str(rng.randrange(10_000)) for _ in range(n))
 
 
-async def ttft(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int = 2) -> float:
+async def ttft(client: httpx.AsyncClient, url: str, prompt: str) -> float:
     started = time.perf_counter()
-    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 2, "stream": True}
     async with client.stream("POST", f"{url}/v1/completions", json=body) as reply:
         reply.raise_for_status()
         async for _ in reply.aiter_bytes():
