@@ -110,6 +110,7 @@ TERM_NAMES = ("fixed", "linear", "attention", "load")
 # The fit's factors: the terms', then the fixed term's for a request queued behind others.
 FACTOR_NAMES = (*TERM_NAMES, "queued_fixed")
 QUEUED_FIXED = 4
+_NO_DEVIATION = (1.0, 1.0)  # exp(0): a replica with no deviation learnt
 
 
 def _rls_step(theta: list[float], p: list[list[float]], z: list[float], error: float,
@@ -182,14 +183,18 @@ class Calibration:
     _runs: dict[str, list[float]] = field(default_factory=dict)  # replica -> open FIFO run
     _cov: list[list[float]] = field(default_factory=list)
     _base: float = 1.0
+    # replica -> (exp(log_prefill), exp(log_load)), rebuilt with them (``_deviations``):
+    # ``predict`` runs for every candidate of every decision, the deviations change
+    # only when a reply teaches
+    _scales: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def predict(self, replica: str, terms: Terms, queued: bool = False) -> tuple[float, float]:
         """(pool load seconds, prefill seconds) on ``replica``, calibrated; ``queued``: the
         request will wait behind others of ours there (its fixed term's own factor)."""
         t = self.term_scale
-        prefill = t[self._fixed(queued)] * terms[0] + t[1] * terms[1] + t[2] * terms[2]
-        return (t[3] * terms[3] * math.exp(self.log_load.get(replica, 0.0)),
-                prefill * math.exp(self.log_prefill.get(replica, 0.0)))
+        pre, load = self._scales.get(replica, _NO_DEVIATION)
+        fixed = t[QUEUED_FIXED] if queued and self.batching else t[0]  # ``_fixed``, inline
+        return t[3] * terms[3] * load, (fixed * terms[0] + t[1] * terms[1] + t[2] * terms[2]) * pre
 
     def work(self, terms: Terms) -> float:
         """Seconds of service the fleet's typical replica needs for ``terms``: the work a
@@ -344,6 +349,19 @@ class Calibration:
             mean = sum(shrunk.values()) / len(shrunk)
             for rid, value in shrunk.items():
                 table[rid] = max(-bound, min(bound, value - mean))
+        self._rescale()
+
+    def set_deviation(self, replica: str, log_prefill: float, log_load: float = 0.0) -> None:
+        """Set ``replica``'s log deviations (a test's or an operator's belief; learning
+        moves them on)."""
+        self.log_prefill[replica] = log_prefill
+        self.log_load[replica] = log_load
+        self._rescale()
+
+    def _rescale(self) -> None:
+        self._scales = {rid: (math.exp(self.log_prefill.get(rid, 0.0)),
+                              math.exp(self.log_load.get(rid, 0.0)))
+                        for rid in self.log_prefill.keys() | self.log_load.keys()}
 
     def _shrunk(self, part: list[float], common: float, prior_var: float) -> float:
         """Posterior mean of a replica's log offset from ``common`` under a prior

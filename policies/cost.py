@@ -169,8 +169,12 @@ class Estimate(NamedTuple):
 
 
 def split_tokens(prompt: int, gpu: int, pool: int) -> tuple[int, int, int]:
-    """(tokens on this GPU, tokens to load from the pool, tokens to prefill)."""
-    cap = max(0, prompt - 1)
-    g = min(gpu, cap)
-    c = min(max(g, pool), cap)
+    """(tokens on this GPU, tokens to load from the pool, tokens to prefill): at most all
+    but the prompt's last token cached. (Conditionals, not ``min``/``max`` calls: it runs
+    for every candidate of every decision.)"""
+    cap = prompt - 1 if prompt > 0 else 0
+    g = gpu if gpu < cap else cap
+    c = pool if pool > g else g
+    if c > cap:
+        c = cap
     return g, c - g, prompt - c

@@ -41,16 +41,25 @@ class FifoQueue:
     _front: list[tuple[str, Walk]] = field(default_factory=list)
     _back: list[str] = field(default_factory=list)
     _back_walk: Walk = NO_WALK
+    # ``wait``'s parts that only a push, a pop or a new last first token change:
+    # (last_first_token, the head's end if it started on time, the walk behind it)
+    _cached: tuple[float, float, Walk] | None = None
 
     def push(self, request_id: str, sent: float, service: float) -> None:
         self.pending[request_id] = (sent, service)
+        self._cached = None
         self._back.append(request_id)
-        self._back_walk = then(self._back_walk, (service, sent + service))
+        # ``then(self._back_walk, (service, sent + service))``, inline: every dispatch
+        b, a = self._back_walk
+        a += service
+        end = sent + service
+        self._back_walk = (b + service, a if a > end else end)
 
     def pop(self, request_id: str, default: tuple[float, float]) -> tuple[float, float]:
         entry = self.pending.pop(request_id, None)
         if entry is None:
             return default
+        self._cached = None
         front = self._front
         if front and front[-1][0] == request_id:
             front.pop()
@@ -88,11 +97,15 @@ class FifoQueue:
     def wait(self, now: float) -> float:
         if not self.pending:
             return max(0.0, self.last_first_token - now)
-        if not self._front:
-            self._refill()
-        front = self._front
-        sent, service = self.pending[front[-1][0]]
+        cached = self._cached
+        if cached is None or cached[0] != self.last_first_token:
+            if not self._front:
+                self._refill()
+            front = self._front
+            sent, service = self.pending[front[-1][0]]
+            behind = then(front[-2][1], self._back_walk) if len(front) > 1 else self._back_walk
+            cached = self._cached = (self.last_first_token,
+                                     max(self.last_first_token, sent) + service, behind)
+        _, head_end, (total, floor) = cached
         # An overdue head is assumed about to finish.
-        cursor = max(max(self.last_first_token, sent) + service, now)
-        total, floor = then(front[-2][1], self._back_walk) if len(front) > 1 else self._back_walk
-        return max(0.0, max(cursor + total, floor) - now)
+        return max(0.0, max(max(head_end, now) + total, floor) - now)

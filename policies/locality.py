@@ -197,28 +197,35 @@ class Locality(BasePolicy):
     # -- prediction -------------------------------------------------------------------
     def estimate(self, request: RequestView, replica: ReplicaView) -> Estimate:
         """The cost model's prediction for ``request`` on ``replica`` (module docstring)."""
-        return self._estimate(request, replica.id, replica.others_waiting, {})
+        return self._estimate(request, replica.id, replica.others_waiting, {},
+                              self._sessions.last.get(request.session))
 
     def _estimate(self, request: RequestView, rid: str, others_waiting: float,
-                  terms_of: dict[tuple[int, int, int], Terms]) -> Estimate:
+                  terms_of: dict[tuple[int, int, int], Terms],
+                  last: tuple[str, int, str] | None) -> Estimate:
         """``others_waiting``: ``ReplicaView.others_waiting``; ``terms_of``: the prior's
         terms by token split, shared by the replicas of one decision (most hold
-        the same prefix: none of it, or all of it via the pool)."""
+        the same prefix: none of it, or all of it via the pool); ``last``: the session's
+        last dispatch (``SessionLog.last``), read once per decision. (It runs for every
+        candidate of every request: plain conditionals where ``max`` would be a call.)"""
         res = request.residency
         bt = res.block_tokens
-        split = split_tokens(request.prompt_tokens,
-                             max(res.gpu.get(rid, 0) * bt,
-                                 self._sessions.coming(request.session, rid)),
-                             res.pool * bt)
+        gpu = res.gpu.get(rid, 0) * bt
+        if last is not None and last[0] == rid and last[1] > gpu:  # its prompt in flight there
+            gpu = last[1]
+        split = split_tokens(request.prompt_tokens, gpu, res.pool * bt)
         terms = terms_of.get(split)
         if terms is None:
             gpu, load, new = split
             terms = terms_of[split] = self.config.prior.terms(gpu + load, new, load)
         queue = self._queues.get(rid)
-        # Behind others of ours there, it shares a batched engine's steps (``queued_fixed``).
-        queued = queue is not None and bool(queue.pending)
-        load_s, prefill_s = self.calibration.predict(rid, terms, queued)
-        wait = 0.0 if queue is None else queue.wait(request.now)
+        if queue is None:
+            load_s, prefill_s = self.calibration.predict(rid, terms, False)
+            wait = 0.0
+        else:
+            # Behind others of ours there, it shares a batched engine's steps (``queued_fixed``).
+            load_s, prefill_s = self.calibration.predict(rid, terms, bool(queue.pending))
+            wait = queue.wait(request.now)
         if others_waiting > 0:
             wait += others_waiting * self._service_mean.get(rid, 0.0)
         return Estimate(rid, wait, load_s, prefill_s, *split)
@@ -230,9 +237,13 @@ class Locality(BasePolicy):
         # ``dispatched`` follows at once with the same request and state: it reuses these,
         # and which replicas hold requests that are not this router's (below).
         foreign: set[str] = set()
+        last = self._sessions.last.get(request.session)
         for r in candidates:
-            estimates[r.id] = self._estimate(request, r.id, r.others_waiting, terms_of)
-            if r.others > 0:
+            # ``ReplicaView.others`` / ``others_waiting``, read only where the engine has any
+            # requests (a property call each, for every candidate of every request).
+            others = r.others if r.running or r.waiting else 0.0
+            estimates[r.id] = self._estimate(request, r.id, min(r.waiting, others), terms_of, last)
+            if others > 0:
                 foreign.add(r.id)
         self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign)
         scores = self._scores(request, estimates, terms_of)
@@ -254,7 +265,7 @@ class Locality(BasePolicy):
             best = min(tied, key=lambda r: (self._pending(r.id), 0 if foreign else r.in_flight)).id
         else:
             best = tied[0].id
-        stay = self._sessions.replica(request.session) or request.last_replica
+        stay = last[0] if last is not None else request.last_replica
         # Hysteresis keeps a conversation where its history is; copies of one opening sent
         # by many clients at once are no conversation, and stickiness herded them onto one
         # replica (97 % of a benchmark's identical requests): the score alone places them.
@@ -275,8 +286,11 @@ class Locality(BasePolicy):
                 terms_of: dict[tuple[int, int, int], Terms]) -> dict[str, float]:
         """Each candidate's score (the module docstring's formula)."""
         # The fleet's work per token split (replicas holding the same prefix share one).
-        work_of = {split: self.calibration.work(terms) for split, terms in terms_of.items()}
-        least_work = min(work_of.values())
+        # One split (the common case): no placement adds work beyond another's.
+        several = len(terms_of) > 1
+        if several:
+            work_of = {split: self.calibration.work(terms) for split, terms in terms_of.items()}
+            least_work = min(work_of.values())
         w = self.config.work_weight
         # Extra work that copies a prefix others are reading right now is shared with them.
         extra_w = w / (1 + request.residency.readers) if self.config.shared_copies else w
@@ -284,15 +298,19 @@ class Locality(BasePolicy):
         # A session back during the service waits half of it. A prefix others read now is
         # priced by what a copy is worth to them (``copy_benefit``), not by this charge.
         back = 0.0 if request.residency.readers else self.config.returning / 2
+        if self._returning.gap <= 0:  # no session has come back yet: none expected
+            back = 0.0
         scores: dict[str, float] = {}
         for rid, e in estimates.items():
             service = e.load_s + e.prefill_s
             queued = e.wait_s / mean_service if mean_service > 0 else 0.0
             if back > 0:  # sessions parked there that come back during it (``returning``)
                 queued += back * self._returning.expected(rid, service, request.session)
-            work = work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens]
-            scores[rid] = (e.wait_s + service + extra_w * (work - least_work)
-                           + w * queued * service)
+            score = e.wait_s + service
+            if several:
+                score += extra_w * (work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens]
+                                    - least_work)
+            scores[rid] = score + w * queued * service
         if request.residency.readers:  # a copy would serve others too
             copy_benefit.apply(scores, estimates, request.residency.readers,
                                weight=self.config.copy_benefit, work_weight=w,
@@ -320,9 +338,10 @@ class Locality(BasePolicy):
         if request.exclude or (request.last_replica is not None
                                and request.last_replica not in estimates):
             return "failover"
-        most_cached = max(e.gpu_tokens + e.pool_tokens for e in estimates.values())
-        if chosen.gpu_tokens + chosen.pool_tokens < most_cached:
-            return "balance"
+        cached = chosen.gpu_tokens + chosen.pool_tokens
+        for e in estimates.values():  # a loop, not ``max`` over a generator: every request
+            if e.gpu_tokens + e.pool_tokens > cached:
+                return "balance"
         if chosen.pool_tokens > 0:
             return "pool-hit"
         if chosen.gpu_tokens > 0:
@@ -338,7 +357,9 @@ class Locality(BasePolicy):
             est = memo.estimates[decision.replica]
             foreign = decision.replica in memo.foreign
         else:  # a decision not made by this ``choose`` (a split's arm, a test)
-            est, foreign = self._estimate(request, decision.replica, 0.0, {}), False
+            est = self._estimate(request, decision.replica, 0.0, {},
+                                 self._sessions.last.get(request.session))
+            foreign = False
         self._memo = None
         self._version += 1
         if self.config.returning > 0:  # off: no bookkeeping either
@@ -376,8 +397,10 @@ class Locality(BasePolicy):
         at = outcome.at if outcome.at is not None else sent + outcome.ttft_s
         if outcome.phase == "done" and outcome.total_s is not None:
             at -= outcome.total_s - outcome.ttft_s  # the reply's first byte, not its end
-        started = max(sent, queue.last_first_token)
-        queue.last_first_token = max(queue.last_first_token, at)
+        last = queue.last_first_token
+        started = sent if sent > last else last
+        if at > last:
+            queue.last_first_token = at
         service = at - started
         queued = behind or started > sent
         if service > 0:

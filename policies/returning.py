@@ -88,6 +88,8 @@ class Returning:
 
     def expire(self, now: float) -> None:
         """Forget sessions parked longer than ``horizon`` mean gaps: they are gone."""
+        if not self._where:  # no session parked: nothing to expire (it runs every dispatch)
+            return
         oldest = now - (self.horizon * self.gap if self.gap > 0 else self.max_idle_s)
         for parked in self._parked.values():
             while parked:

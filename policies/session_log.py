@@ -27,7 +27,9 @@ class SessionLog:
     an eval sampling one prompt many times, a benchmark). ``repeats`` says so."""
 
     max_sessions: int = 200_000
-    last: dict[str, tuple[str, int, str]] = field(default_factory=dict)  # replica, tokens, id
+    # session -> (its last replica, the tokens of its prompt in flight there or 0, its
+    # request id); read directly by ``locality`` once per decision
+    last: dict[str, tuple[str, int, str]] = field(default_factory=dict)
     # session -> [its requests in flight, the longest prompt sent since it had none]
     _flying: dict[str, list[int]] = field(default_factory=dict)
     _in_flight: set[str] = field(default_factory=set)  # request ids
@@ -63,11 +65,3 @@ class SessionLog:
         entry = self.last.get(session)
         if entry is not None and entry[2] == request_id:
             self.last[session] = (entry[0], 0, request_id)  # the index knows it from now on
-
-    def replica(self, session: str) -> str | None:
-        entry = self.last.get(session)
-        return entry[0] if entry is not None else None
-
-    def coming(self, session: str, replica: str) -> int:
-        entry = self.last.get(session)
-        return entry[1] if entry is not None and entry[0] == replica else 0

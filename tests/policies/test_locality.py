@@ -258,7 +258,8 @@ def test_equally_good_replicas_share_the_traffic() -> None:
     (noise, on identical engines). New sessions must not all go to a, and a request
     goes where fewer of ours are queued when the scores tie."""
     policy = Locality()
-    policy.calibration.log_prefill.update(a=-0.02, b=0.02)
+    policy.calibration.set_deviation("a", -0.02)
+    policy.calibration.set_deviation("b", 0.02)
     blocks = 1536 // BT
     chosen = [policy.choose(req(str(i), 1600, gpu={"a": blocks, "b": blocks},
                                 session=f"s{i}"), reps("a", "b")).replica
@@ -269,7 +270,8 @@ def test_equally_good_replicas_share_the_traffic() -> None:
                                  session=f"t{i}"), reps("a", "b")).replica == "b"
                for i in range(20))  # a has one queued: a tie no more, or broken by queue
     strict = Locality(LocalityConfig(tie_margin=0.0))
-    strict.calibration.log_prefill.update(a=-0.02, b=0.02)
+    strict.calibration.set_deviation("a", -0.02)
+    strict.calibration.set_deviation("b", 0.02)
     assert all(strict.choose(req(str(i), 1600, gpu={"a": blocks, "b": blocks},
                                  session=f"s{i}"), reps("a", "b")).replica == "a"
                for i in range(50))  # what it did: every tie to the "faster" one
@@ -282,7 +284,8 @@ def test_a_replica_believed_slower_is_not_charged_its_slowness_twice() -> None:
     work, b scored 3x a's, outside even the widened ties, and took nothing. Its score is
     2x a's: within the model's error, a tie, and new sessions share the two."""
     policy = Locality()
-    policy.calibration.log_prefill.update(a=0.0, b=math.log(2.0))
+    policy.calibration.set_deviation("a", 0.0)
+    policy.calibration.set_deviation("b", math.log(2.0))
     policy.calibration.abs_error = 1.2
     blocks = 1536 // BT
     chosen = [policy.choose(req(str(i), 1600, gpu={"a": blocks, "b": blocks},
