@@ -378,9 +378,11 @@ def test_a_copy_of_a_prefix_many_are_reading_is_charged_as_shared_work() -> None
 
 def test_a_hot_document_is_copied_before_its_holder_waits_longer_than_the_copy() -> None:
     """Two 8k prefills (~2.7 s) queued on the holder: the copy's own prefill (~5.3 s) is
-    longer than that wait, so a lone reader stays on a. With 4 or 8 of the document's
-    readers in flight the copy also serves those to come (``copy_benefit``) and b takes
-    it; without the benefit the shared copy alone waits for a deeper queue on a."""
+    longer than that wait, so a lone reader stays on a. With 8 of the document's readers
+    in flight the copy also serves those to come (``copy_benefit``) and b takes it; with
+    4 the copy scores within the tie margin of waiting, and a tie adds no work
+    (``tie_work``; settled by the queues, b took it); without the benefit the shared
+    copy alone waits for a deeper queue on a."""
     policy = Locality()
     _deep_queues(policy, 2, 0)
     question = req("x", 33_000, gpu={"a": 32_768 // BT}, now=8 * 1.3, session="new")
@@ -390,7 +392,8 @@ def test_a_hot_document_is_copied_before_its_holder_waits_longer_than_the_copy()
         LocalityConfig(copy_benefit=benefit), 2, readers)
         for readers in (0, 1, 4, 8) for benefit in (0.0, 1.0)}
     assert chosen == {(0, 0.0): "a", (1, 0.0): "a", (4, 0.0): "a", (8, 0.0): "a",
-                      (0, 1.0): "a", (1, 1.0): "a", (4, 1.0): "b", (8, 1.0): "b"}
+                      (0, 1.0): "a", (1, 1.0): "a", (4, 1.0): "a", (8, 1.0): "b"}
+    assert _document_question(LocalityConfig(tie_work=False), 2, 4) == "b"
 
 
 def test_a_reply_slowed_by_another_routers_requests_teaches_calibration_nothing() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from policies.base import Outcome, ReplicaView, RequestView, Residency
@@ -77,7 +79,9 @@ def _agents_on_a(config: LocalityConfig, *, shared: bool = False) -> Locality:
 
 def _new_session_placement(config: LocalityConfig, *, shared: bool = False,
                            readers: int = 0) -> str:
-    policy = _agents_on_a(config, shared=shared)
+    # Without the ties by recent work (``new_balance_s``): a's agents sent work there,
+    # which alone would send a new session to b; the charge is what is tested here.
+    policy = _agents_on_a(dataclasses.replace(config, new_balance_s=0.0), shared=shared)
     # A session whose rendezvous order puts a first: without the charge, ties go to a.
     session = next(s for s in (f"new{i}" for i in range(100))
                    if rendezvous_rank(s, [ReplicaView(id="a", url="a"),
