@@ -6,7 +6,8 @@ two emulated replicas: one reader of a document reaches the first router, anothe
 scores the same and the tie decides. ``locality`` breaks the tie of a prompt no
 candidate holds by the prompt's anchor (the key of its first 16,384 tokens, computed by
 the router from the body as the index's blocks are): both routers pick the same replica,
-and the document is computed once. Broken by the session (``anchored=false``), the two
+and the document is computed once. Broken by the session (``anchored=false``, with
+``new_balance_s=0``: the session's hash order), the two
 readers of some documents go to different replicas.
 """
 
@@ -56,5 +57,9 @@ def test_two_routers_send_a_new_documents_readers_to_one_replica(
     anchored = _placements(start_servers, backends, "locality")
     assert all(a == b for a, b in anchored), anchored
     assert len({a for a, _ in anchored}) == 2, anchored  # documents still spread
-    by_session = _placements(start_servers, backends, "locality@anchored=false")
+    # Broken by the session's hash (without the anchor, a prompt nobody holds would go to
+    # the replica each router sent the least work lately: these two routers saw the same
+    # requests in the same order, so they would agree by that alone).
+    by_session = _placements(start_servers, backends,
+                             "locality@anchored=false@new_balance_s=0")
     assert any(a != b for a, b in by_session), by_session
