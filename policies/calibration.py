@@ -300,8 +300,7 @@ class Calibration:
             s2 = self._base ** 2
             n = len(FACTOR_NAMES)
             self._cov = [[s2 if i == j else 0.0 for j in range(n)] for i in range(n)]
-        dev_pre = math.exp(self.log_prefill.get(replica, 0.0))
-        dev_load = math.exp(self.log_load.get(replica, 0.0))
+        dev_pre, dev_load = self._scales.get(replica, _NO_DEVIATION)
         z = [0.0, terms[1] * dev_pre / service, terms[2] * dev_pre / service,
              terms[3] * dev_load / service, 0.0]
         # A queued request's fixed term excites its own factor, an unqueued one the other.

@@ -261,7 +261,8 @@ class Locality(BasePolicy):
             if others > 0:
                 foreign.add(r.id)
         self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign)
-        scores = self._scores(request, estimates, terms_of)
+        work = self._work(terms_of)
+        scores = self._scores(request, estimates, work)
         low = min(scores.values())
         # Scores within tie_margin of the best are not told apart by a model made of
         # estimates: among them the fewest of our requests queued, then in flight (not
@@ -275,12 +276,13 @@ class Locality(BasePolicy):
             # A prompt no candidate holds any of (that we know) goes by its anchor's order,
             # not its session's: another router may be computing that prefix right now,
             # and the anchor's order is where every router sends it.
-            key = f"#{request.anchor}" if self._anchored(request, estimates) else request.session
+            cold = all(e.gpu_tokens == 0 and e.pool_tokens == 0 for e in estimates.values())
+            anchored = self.config.anchored and request.anchor != 0 and cold  # 0: too short
+            key = f"#{request.anchor}" if anchored else request.session
             tied = rendezvous_rank(key, tied)
-            adds = self._adds_work(request, estimates, terms_of)
-            fresh = (self.config.new_balance_s > 0 and not foreign and key == request.session
-                     and all(e.gpu_tokens == 0 and e.pool_tokens == 0
-                             for e in estimates.values()))
+            adds = self._adds_work(request, estimates, work)
+            # A prompt nobody holds goes where the least work went lately (``new_balance_s``).
+            fresh = self.config.new_balance_s > 0 and not foreign and cold and not anchored
             best = min(tied, key=lambda r: (r.id in adds, self._pending(r.id),
                                             0 if foreign else r.in_flight,
                                             self._recent_work(r.id, request.now) if fresh
@@ -304,15 +306,20 @@ class Locality(BasePolicy):
         chosen = estimates[best]
         return Decision(best, self._reason(request, chosen, estimates), chosen.ttft_s)
 
+    def _work(self, terms_of: dict[tuple[int, int, int], Terms]
+              ) -> tuple[dict[tuple[int, int, int], float], float] | None:
+        """The fleet's work per token split (replicas holding the same prefix share one)
+        and the least of them; None for one split (the common case: no placement adds
+        work beyond another's)."""
+        if len(terms_of) < 2:
+            return None
+        work_of = {split: self.calibration.work(terms) for split, terms in terms_of.items()}
+        return work_of, min(work_of.values())
+
     def _scores(self, request: RequestView, estimates: dict[str, Estimate],
-                terms_of: dict[tuple[int, int, int], Terms]) -> dict[str, float]:
-        """Each candidate's score (the module docstring's formula)."""
-        # The fleet's work per token split (replicas holding the same prefix share one).
-        # One split (the common case): no placement adds work beyond another's.
-        several = len(terms_of) > 1
-        if several:
-            work_of = {split: self.calibration.work(terms) for split, terms in terms_of.items()}
-            least_work = min(work_of.values())
+                work: tuple[dict[tuple[int, int, int], float], float] | None
+                ) -> dict[str, float]:
+        """Each candidate's score (the module docstring's formula); ``work``: ``_work``'s."""
         w = self.config.work_weight
         # Extra work that copies a prefix others are reading right now is shared with them.
         extra_w = w / (1 + request.residency.readers) if self.config.shared_copies else w
@@ -329,7 +336,8 @@ class Locality(BasePolicy):
             if back > 0:  # sessions parked there that come back during it (``returning``)
                 queued += back * self._returning.expected(rid, service, request.session)
             score = e.wait_s + service
-            if several:
+            if work is not None:
+                work_of, least_work = work
                 score += extra_w * (work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens]
                                     - least_work)
             scores[rid] = score + w * queued * service
@@ -340,14 +348,13 @@ class Locality(BasePolicy):
         return scores
 
     def _adds_work(self, request: RequestView, estimates: dict[str, Estimate],
-                   terms_of: dict[tuple[int, int, int], Terms]) -> set[str]:
+                   work: tuple[dict[tuple[int, int, int], float], float] | None) -> set[str]:
         """The candidates whose placement adds work beyond the least (``tie_work``): a copy
         or a recompute; none for copies of one opening (no conversation's replica)."""
-        if (not self.config.tie_work or len(terms_of) < 2
+        if (not self.config.tie_work or work is None
                 or self._sessions.repeats(request.session, request.prompt_tokens)):
             return set()
-        work_of = {split: self.calibration.work(terms) for split, terms in terms_of.items()}
-        least = min(work_of.values())
+        work_of, least = work
         return {rid for rid, e in estimates.items()
                 if work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens] > least}
 
@@ -356,12 +363,6 @@ class Locality(BasePolicy):
         ``new_balance_s``."""
         value, at = self._recent.get(replica, (0.0, now))
         return value * math.exp(-(now - at) / self.config.new_balance_s)
-
-    def _anchored(self, request: RequestView, estimates: dict[str, Estimate]) -> bool:
-        """Whether a tie goes by the prompt's anchor: a prompt no candidate holds any of
-        (that this router knows), whose prefix other routers may be computing right now."""
-        return (self.config.anchored and request.anchor != 0  # 0: shorter than the anchor
-                and all(e.gpu_tokens == 0 and e.pool_tokens == 0 for e in estimates.values()))
 
     def _pending(self, replica: str) -> int:
         queue = self._queues.get(replica)
