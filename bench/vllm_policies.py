@@ -28,6 +28,12 @@ not hold it). Per workload, policy: means over repetitions; for
 ``locality`` against each other policy, the ratio of means with a 95 % t-interval over the
 repetitions, paired (policies run back to back inside a repetition).
 
+A control arm, ``--policies ...,one_engine``: every request on one of the two engines
+(the router in front of that engine alone, ``least_loaded``; the engine alternates by
+repetition), the other idle. Against ``least_loaded`` on both it measures what spreading
+the traffic is worth to TTFT on this host at this load, i.e. what the busier replica's
+share costs when a policy concentrates.
+
 Noise on a 2-core machine: each engine's OpenMP threads on its own core, the policies'
 order shuffled per repetition (seeded) so slow drift and warm-up fall on all alike, a
 warm-up request per router before the client starts, one client at a time; the client
@@ -136,12 +142,19 @@ def client_args(workload: str, args: argparse.Namespace, base: str, model: Path,
             "--timed-trace-sec-multiplier", str(0.001 / args.chat_speed)]
 
 
+ONE_ENGINE = "one_engine"  # the control arm: the router in front of one engine only
+
+
 def one_run(engines: list[VllmServer], model: Path, policy: str, workload: str,
             args: argparse.Namespace, trace: Path, seed: int, tmp: Path) -> dict[str, Any]:
     for e in engines:
         httpx.post(e.url + "/reset_prefix_cache", timeout=30).raise_for_status()
-    events = ",".join(e.events.replace("*", "127.0.0.1") for e in engines)
-    lm = router([e.url for e in engines], "--policy", policy, "--tokenizer", str(model),
+    # The control arm routes to one engine (alternating with the seed: the cores differ
+    # a little), the other stays idle; both are scraped.
+    routed = [engines[seed % 2]] if policy == ONE_ENGINE else engines
+    events = ",".join(e.events.replace("*", "127.0.0.1") for e in routed)
+    lm = router([e.url for e in routed], "--policy",
+                "least_loaded" if policy == ONE_ENGINE else policy, "--tokenizer", str(model),
                 "--kv-events", events, "--pool-bytes", "0").start(timeout_s=60)
     try:
         httpx.post(lm.url + "/v1/completions", timeout=60,
@@ -269,13 +282,17 @@ def main() -> int:
     ap.add_argument("--chat-speed", type=float, default=2.0, help="trace time compression")
     ap.add_argument("--chat-offset", type=int, default=1000, help="first trace line used")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pin-engines", action="store_true",
+                    help="each engine's whole process tree on its core (taskset), not only "
+                         "its compute threads")
     ap.add_argument("--json", default="out/vllm-policies.json")
     ap.add_argument("--plot", default=None)
     args = ap.parse_args()
     policies = [p for p in args.policies.split(",") if p]
     model = make_model(vllm_python(), REPO / ".cache" / "e2e-model")
     engines = [VllmServer(vllm_python(), model, free_port(), f"tcp://*:{free_port()}",
-                          f"tcp://127.0.0.1:{free_port()}", cpu) for cpu in (0, 1)]
+                          f"tcp://127.0.0.1:{free_port()}", cpu, pin=args.pin_engines)
+               for cpu in (0, 1)]
     runs: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp_dir:
@@ -302,8 +319,10 @@ def main() -> int:
             for e in engines:
                 e.stop()
     summary = summarise(runs)
+    pinned = ("each engine's whole process tree on its own core" if args.pin_engines
+              else "each engine's compute threads on its own core, the rest floating")
     doc = {"params": vars(args), "host": f"{os.cpu_count()} CPUs shared by both engines, "
-           "the router and the client", "wall_s": round(time.perf_counter() - t0, 1),
+           f"the router and the client; {pinned}", "wall_s": round(time.perf_counter() - t0, 1),
            "summary": summary, "runs": runs}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(doc, indent=1))

@@ -43,13 +43,17 @@ class VllmServer:
 
     ``events`` is the publisher endpoint given to vLLM (``tcp://*:P`` binds; a concrete
     address makes vLLM connect to a router that binds it); ``replay`` is always bound.
+    ``cpu``: the core its OpenMP (compute) threads are bound to; ``pin``: the whole
+    process tree too (``taskset``: the API server, the engine core's Python and the
+    tokenizer), so two engines on one host do not run on each other's core.
     """
 
     def __init__(self, python: Path, model: Path, port: int, events: str, replay: str,
-                 cpu: int, extra: tuple[str, ...] = ()) -> None:
+                 cpu: int, extra: tuple[str, ...] = (), pin: bool = False) -> None:
         self.python, self.model, self.port = python, model, port
         self.url = f"http://127.0.0.1:{port}"
         self.events, self.replay, self.cpu, self.extra = events, replay, cpu, extra
+        self.pin = pin
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = LOG_DIR / f"vllm-{port}.log"
 
@@ -60,7 +64,8 @@ class VllmServer:
         env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                "VLLM_CPU_OMP_THREADS_BIND": str(self.cpu), "VLLM_SERVER_DEV_MODE": "1"}
-        args = [str(self.python), "-m", "vllm.entrypoints.openai.api_server",
+        args = [*(["taskset", "-c", str(self.cpu)] if self.pin else []),
+                str(self.python), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(self.model), "--served-model-name", MODEL_NAME,
                 "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "8192",
                 "--enable-prefix-caching", "--enforce-eager", "--block-size", "32",
