@@ -1,8 +1,8 @@
 """Routing policies on two real vLLM (CPU) replicas, driven by vLLM's own benchmark client.
 
-    make bench-vllm-policies
-    # = .venv/bin/python bench/vllm_policies.py --reps 3 --json docs/vllm-policies.json \
-    #       --plot docs/vllm-policies.png
+    make bench-vllm-policies   # light load, half the knee and the knee (the Makefile)
+    LMROUTE_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python bench/vllm_policies.py \
+        --pin-engines --reps 3 --workloads prefix --prompts 480 --rate 96 --json out/p.json
 
 The engine suite's pair (``tests/e2e/vllm_servers.py``: the tiny local Llama, prefix
 caching, KV events, each engine's threads bound to its own core) behind ``lmroute serve``
@@ -34,11 +34,14 @@ repetition), the other idle. Against ``least_loaded`` on both it measures what s
 the traffic is worth to TTFT on this host at this load, i.e. what the busier replica's
 share costs when a policy concentrates.
 
-Noise on a 2-core machine: each engine's OpenMP threads on its own core, the policies'
-order shuffled per repetition (seeded) so slow drift and warm-up fall on all alike, a
-warm-up request per router before the client starts, one client at a time; the client
-and router share the cores with the engines, as the JSON's ``host`` note says. Not part of
-CI (about 50 minutes for 3 repetitions on 2 cores).
+Noise on a 2-core machine: each engine's OpenMP threads on its own core, and with
+``--pin-engines`` (the Makefile's) its whole process tree: without it the two engines' API
+servers and engine-core loops ran on each other's compute core, and one engine alone
+answered 3x faster than two (the ``one_engine`` arm; docs/locality.md, "Each engine
+pinned whole to its core"). The policies' order is shuffled per repetition (seeded) so
+slow drift and warm-up fall on all alike, a warm-up request per router before the client
+starts, one client at a time; the client and router share the cores with the engines, as
+the JSON's ``host`` note says. Not part of CI.
 """
 
 from __future__ import annotations
