@@ -68,10 +68,12 @@ with ``t_q`` in place of ``t_f`` for a request queued behind others of ours on `
     whose first replies were slow would otherwise look slow for good, get no traffic,
     and never be corrected.
 
-  Not handled yet: a replica used as overflow is measured only when the others are busy,
-  under contention that is not its own, and can still look slow for it (the vLLM pair on
-  a shared 2-core machine: 0.68-0.74 of some prompt sets on one engine;
-  docs/locality.md, "On two real vLLM engines").
+  Not modelled: a replica whose speed depends on the others' load (engines that share a
+  host's cores). Used as overflow, it is measured only while the others are busy, and
+  looks slow for it. The vLLM CPU pair did this while its engines' processes floated over
+  both cores (up to 111 of 120 requests on one engine). With each engine pinned whole to
+  its core, the deviations stayed within 0.90-1.11 (docs/locality.md, "Each engine pinned
+  whole to its core").
 
 **Batching** (``queued_fixed``, a fifth factor): a request queued behind others of ours
 on its replica has its own factor on the fixed term, fitted with the others (a queued
