@@ -59,9 +59,9 @@ test-compose: test-deploy
 
 # Every policy on the real vLLM pair, driven by vLLM's own benchmark client (not part of
 # CI): docs/locality.md's real-engine numbers. Each engine pinned whole to its core; light load,
-# half the knee and the knee (least_loaded's p90 TTFT 5x its light-load value on this
+# half the knee, the knee and 1.5x it (least_loaded's p90 TTFT 5x its light-load value on this
 # machine: prefix 96 req/s, chat 32x the trace's speed; docs/locality.md says how they
-# were found). About 35 minutes on 2 cores.
+# were found). About 45 minutes on 2 cores.
 VLLM_POLICIES := locality,least_loaded,prefix_affinity,load_aware,affinity_window
 VLLM_BENCH := LMROUTE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python bench/vllm_policies.py \
   --pin-engines --reps 3 --policies $(VLLM_POLICIES)
@@ -69,15 +69,18 @@ bench-vllm-policies: $(STAMP) $(VLLM_STAMP)
 	$(VLLM_BENCH) --workloads prefix --prompts 120 --rate 8 --json docs/vllm-pinned-prefix-r8.json
 	$(VLLM_BENCH) --workloads prefix --prompts 480 --rate 48 --json docs/vllm-pinned-prefix-r48.json
 	$(VLLM_BENCH) --workloads prefix --prompts 480 --rate 96 --json docs/vllm-pinned-prefix-r96.json
+	$(VLLM_BENCH) --workloads prefix --prompts 480 --rate 144 --json docs/vllm-pinned-prefix-r144.json
 	$(VLLM_BENCH) --workloads chat --chat-requests 600 --chat-block 32 --chat-speed 16 \
 	  --json docs/vllm-pinned-chat-x16.json
 	$(VLLM_BENCH) --workloads chat --chat-requests 600 --chat-block 32 --chat-speed 32 \
 	  --json docs/vllm-pinned-chat-x32.json
+	$(VLLM_BENCH) --workloads chat --chat-requests 600 --chat-block 32 --chat-speed 48 \
+	  --json docs/vllm-pinned-chat-x48.json
 	$(BIN)/python bench/vllm_loads.py docs/vllm-pinned-prefix-r8.json \
 	  docs/vllm-pinned-prefix-r48.json docs/vllm-pinned-prefix-r96.json \
-	  --plot docs/vllm-pinned-prefix.png
+	  docs/vllm-pinned-prefix-r144.json --plot docs/vllm-pinned-prefix.png
 	$(BIN)/python bench/vllm_loads.py --workload chat docs/vllm-pinned-chat-x16.json \
-	  docs/vllm-pinned-chat-x32.json \
+	  docs/vllm-pinned-chat-x32.json docs/vllm-pinned-chat-x48.json \
 	  --plot docs/vllm-pinned-chat.png
 
 # Precise (KV events) vs approximate index on real vLLM: docs/events.md's numbers.
