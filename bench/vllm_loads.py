@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
+from vllm_policies import t_interval
 
 
 def load_of(doc: dict[str, Any], workload: str) -> float:
@@ -28,13 +28,13 @@ def load_of(doc: dict[str, Any], workload: str) -> float:
 
 
 def paired(runs: list[dict[str, Any]], policy: str, metric: str) -> tuple[float, float, float]:
-    """locality / ``policy`` on ``metric``: geometric mean and 95 % t-interval over seeds."""
+    """locality / ``policy`` on ``metric``: geometric mean and 95 % t-interval over seeds
+    (``vllm_policies.t_interval`` of the log ratios)."""
     by = {(r["policy"], r["seed"]): r[metric] for r in runs}
-    logs = [np.log(by[("locality", s)] / by[(policy, s)]) for p, s in by
+    logs = [float(np.log(by[("locality", s)] / by[(policy, s)])) for p, s in by
             if p == policy and ("locality", s) in by]
-    mean = float(np.mean(logs))
-    half = float(stats.t.ppf(0.975, len(logs) - 1) * stats.sem(logs)) if len(logs) > 1 else 0.0
-    return float(np.exp(mean)), float(np.exp(mean - half)), float(np.exp(mean + half))
+    mean, low, high = t_interval(logs)
+    return float(np.exp(mean)), float(np.exp(low)), float(np.exp(high))
 
 
 def rows(docs: list[dict[str, Any]], workload: str) -> list[dict[str, Any]]:
