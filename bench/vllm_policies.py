@@ -1,6 +1,6 @@
 """Routing policies on two real vLLM (CPU) replicas, driven by vLLM's own benchmark client.
 
-    make bench-vllm-policies   # light load, half the knee and the knee (the Makefile)
+    make bench-vllm-policies   # light load, half the knee, the knee and 1.5x it (the Makefile)
     LMROUTE_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python bench/vllm_policies.py \
         --pin-engines --reps 3 --workloads prefix --prompts 480 --rate 96 --json out/p.json
 
