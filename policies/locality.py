@@ -49,21 +49,23 @@ from noise alone); among them those whose placement adds no work beyond the leas
 (``tie_work``: a copy's or a recompute's work is certain, the balance it buys is within
 the model's error; settled by the queues, ties copied each of the vLLM pair's 8 shared
 prefixes to both engines, hit rate 0.80 against 0.86), then the fewest of our requests
-queued, then the fewest in flight (replies still streaming: their sessions will come
-back), then, for a prompt no candidate holds (and no other router's requests on them),
-the least predicted service dispatched lately (``new_balance_s``, its decay's time
-constant: at light load the queues are empty, and new prefixes placed by a hash land
-unevenly and keep their readers there; ``prefix_affinity``, which places by the
-prefix's hash, split the pair's 120 requests 90/30 in one run), then the
-session's rendezvous order (the only order when another router's requests are on a
-candidate: it is the one all routers agree on). Without it, the replica the calibration believes
-faster wins every tie, and at low load nearly every request is one. A prompt that no
-candidate holds any of, as far as this router knows, and that is at least 16,384 tokens long
-goes by its prefix's order instead (``anchored``; ``RequestView.anchor``, the key of its
-first 16,384 tokens; a shorter prompt's would change with each turn): routers that do
-not share placements then send a new document's first readers to one replica, where
-each computed it on its own (4 routers, `docqa`: every document computed 3-4 times in
-the first seconds, a backlog that took minutes to drain).
+queued (for a prompt no candidate holds, and no other router's requests on them, plus
+the readers expected of the new prefixes placed on each lately: ``policies.new_prefixes``,
+``new_balance_s`` its decay's time constant; at light load the queues are empty, and new
+prefixes placed by a hash land unevenly and keep their readers there:
+``prefix_affinity``, which places by the prefix's hash, split the pair's 120 requests
+90/30 in one run), then the fewest in flight (replies still streaming: their sessions
+will come back), then, for a prompt no candidate holds, the least predicted service
+dispatched lately, then the session's rendezvous order (the only order when another
+router's requests are on a candidate: it is the one all routers agree on). Without it,
+the replica the calibration believes faster wins every tie, and at low load nearly
+every request is one. A prompt that no candidate holds any of, as far as this router
+knows, and that is at least 16,384 tokens long goes by its prefix's order instead
+(``anchored``; ``RequestView.anchor``, the key of its first 16,384 tokens; a shorter
+prompt's would change with each turn): routers that do not share placements then send
+a new document's first readers to one replica, where each computed it on its own (4
+routers, `docqa`: every document computed 3-4 times in the first seconds, a backlog
+that took minutes to drain).
 
 Wait (FIFO, one prefill at a time per replica, as vLLM schedules long prefills): the
 requests this policy dispatched to ``r`` and whose first token has not arrived form a
@@ -92,7 +94,6 @@ lesson waits for the reply's end, where that count is (``_Sample``). ``choose`` 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, NamedTuple
@@ -103,6 +104,7 @@ from policies.calibration import Calibration, Stride, Terms
 from policies.cost import STUDY_PRIOR, CostParams, Estimate, split_tokens
 from policies.fifo_queue import FifoQueue
 from policies.hashing import rendezvous_rank
+from policies.new_prefixes import NewPrefixes
 from policies.returning import Returning
 from policies.session_log import SessionLog
 
@@ -131,8 +133,8 @@ class LocalityConfig:
     term (``Calibration``'s ``queued_fixed`` factor: an engine that batches waiting
     prompts); off, one fixed factor serves both; ``tie_work``: among ties, those adding
     no work beyond the least win first; ``new_balance_s``: ties of a prompt no candidate
-    holds go to the least service dispatched lately, decayed with this time constant
-    (0: off, the session's hash order)."""
+    holds count the readers expected of the new prefixes placed lately, then the service,
+    decayed with this time constant (0: off, the queues then the session's hash order)."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -206,7 +208,7 @@ class Locality(BasePolicy):
         self._sessions = SessionLog()
         self._returning = Returning()
         self._memo: _Memo | None = None
-        self._recent: dict[str, tuple[float, float]] = {}  # replica -> (work, at)
+        self._new = NewPrefixes(c.new_balance_s) if c.new_balance_s > 0 else None
         self._version = 0  # bumped by every state change: a memo of another state is stale
 
     # -- prediction -------------------------------------------------------------------
@@ -281,12 +283,11 @@ class Locality(BasePolicy):
             key = f"#{request.anchor}" if anchored else request.session
             tied = rendezvous_rank(key, tied)
             adds = self._adds_work(request, estimates, work)
-            # A prompt nobody holds goes where the least work went lately (``new_balance_s``).
-            fresh = self.config.new_balance_s > 0 and not foreign and cold and not anchored
-            best = min(tied, key=lambda r: (r.id in adds, self._pending(r.id),
-                                            0 if foreign else r.in_flight,
-                                            self._recent_work(r.id, request.now) if fresh
-                                            else 0.0)).id
+            # A prompt nobody holds goes where the fewest requests are committed, its
+            # readers to come counted (``policies.new_prefixes``, ``new_balance_s``).
+            fresh = self._new is not None and not foreign and cold and not anchored
+            best = min(tied, key=lambda r: self._tie_key(r, adds, foreign, fresh,
+                                                         request.now)).id
         else:
             best = tied[0].id
         stay = last[0] if last is not None else request.last_replica
@@ -358,11 +359,19 @@ class Locality(BasePolicy):
         return {rid for rid, e in estimates.items()
                 if work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens] > least}
 
-    def _recent_work(self, replica: str, now: float) -> float:
-        """Predicted service dispatched to ``replica`` lately, decayed with time constant
-        ``new_balance_s``."""
-        value, at = self._recent.get(replica, (0.0, now))
-        return value * math.exp(-(now - at) / self.config.new_balance_s)
+    def _tie_key(self, replica: ReplicaView, adds: set[str], foreign: set[str], fresh: bool,
+                 now: float) -> tuple[bool, float, int, float]:
+        """The order of tied candidates (``choose``): adding no work beyond the least; the
+        fewest of our requests queued, for a prompt nobody holds (``fresh``) plus the
+        readers expected of the new prefixes placed lately (``NewPrefixes.committed``);
+        the fewest in flight (not where other routers send too); for a fresh prompt the
+        least work placed lately."""
+        queued = self._pending(replica.id)
+        new = self._new
+        if not fresh or new is None:
+            return (replica.id in adds, queued, 0 if foreign else replica.in_flight, 0.0)
+        return (replica.id in adds, new.committed(replica.id, queued, now), replica.in_flight,
+                new.of(replica.id, now)[1])
 
     def _pending(self, replica: str) -> int:
         queue = self._queues.get(replica)
@@ -411,10 +420,11 @@ class Locality(BasePolicy):
             queue = self._queues[decision.replica] = FifoQueue()
         self._dispatches[request.request_id] = _Dispatch(est, bool(queue.pending), foreign)
         queue.push(request.request_id, request.now, est.load_s + est.prefill_s)
-        if self.config.new_balance_s > 0:
-            self._recent[decision.replica] = (
-                self._recent_work(decision.replica, request.now) + est.load_s + est.prefill_s,
-                request.now)
+        if self._new is not None:
+            res = request.residency
+            self._new.add(decision.replica, request.now, blocks=res.chain_blocks,
+                          held=res.pool > 0 or any(res.gpu.values()),
+                          work=est.load_s + est.prefill_s)
         self._sessions.sent(request.session, decision.replica, request.prompt_tokens,
                             request.request_id)
 
