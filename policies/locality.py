@@ -515,4 +515,5 @@ class Locality(BasePolicy):
             "queued": {rid: len(q.pending) for rid, q in self._queues.items()},
             "unexplained_replies": self.unexplained,
             "returning": self._returning.as_json(),
+            "new_prefixes": None if self._new is None else self._new.as_json(),
         }

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 WARM_ALPHA = 1 / 32
 MAX_READERS = 64.0
@@ -70,3 +71,9 @@ class NewPrefixes:
         if blocks > 0:
             self.warm_share += WARM_ALPHA * (float(held) - self.warm_share)
         self._sums[replica] = (prefixes + new, placed + work, now)
+
+    def as_json(self) -> dict[str, Any]:
+        """For ``GET /policy``: the warm share, the readers it gives a new prefix, and each
+        replica's new prefixes as of its last placement (not decayed to now: no clock)."""
+        return {"warm_share": self.warm_share, "readers": self.readers(),
+                "placed": {rid: prefixes for rid, (prefixes, _, _) in self._sums.items()}}

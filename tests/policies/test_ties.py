@@ -157,6 +157,8 @@ def test_one_off_prompts_leave_a_tie_to_the_queue() -> None:
     queued = req("q", 1636, session="q", now=12.0)
     policy.dispatched(queued, Decision("a", "miss"))  # a: 53 new prefixes, one queued
     assert policy.describe()["queued"] == {"a": 1, "b": 0}
+    learnt = policy.describe()["new_prefixes"]  # what GET /policy shows
+    assert 0.1 < learnt["readers"] < 0.2 and learnt["placed"]["a"] < learnt["placed"]["b"]
     assert policy.choose(req("x", 1636, session="x", now=14.0), views).replica == "b"
 
 
