@@ -92,6 +92,9 @@ class RequestView:
     ``anchor``: the key of the prompt's prefix that every router computes alike
     (``anchor_key``: its chain's block at ``ANCHOR_TOKENS``; 0: a shorter prompt), so
     routers that do not know each other's placements can still agree where a new prefix goes.
+    ``generates``: a prompt the engine prefills to generate (chat, completions, responses,
+    messages); False for the routes with no prompt prefix (``/tokenize``, embeddings,
+    rerank, audio uploads, ...), whose replies say nothing about a prefill's cost.
     """
 
     request_id: str
@@ -106,6 +109,7 @@ class RequestView:
     now: float = 0.0
     exclude: frozenset[ReplicaId] = frozenset()
     anchor: int = 0
+    generates: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -249,6 +249,8 @@ class Locality(BasePolicy):
 
     def choose(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision:
         candidates = self.candidates(request, replicas)
+        if not request.generates:
+            return self._balanced(request, candidates)
         terms_of: dict[tuple[int, int, int], Terms] = {}
         estimates: dict[str, Estimate] = {}
         # ``dispatched`` follows at once with the same request and state: it reuses these,
@@ -306,6 +308,17 @@ class Locality(BasePolicy):
                 return Decision(stay, "sticky", estimates[stay].ttft_s)
         chosen = estimates[best]
         return Decision(best, self._reason(request, chosen, estimates), chosen.ttft_s)
+
+    def _balanced(self, request: RequestView, candidates: list[ReplicaView]) -> Decision:
+        """A request the cost model does not describe (``RequestView.generates`` false:
+        ``/tokenize``, embeddings, ...): the fewest of ours queued, then in flight, then the
+        session's rendezvous order. Nothing is learnt from it (``dispatched``, ``observe``):
+        vLLM's own benchmark client sent 484 ``/tokenize`` calls through the router in one
+        run, and their replies, a few milliseconds each, taught calibration as prefills of
+        their prompts and parked their one-off sessions as between turns."""
+        ranked = rendezvous_rank(request.session, candidates)
+        return Decision(min(ranked, key=lambda r: (self._pending(r.id), r.in_flight)).id,
+                        "balanced")
 
     def _work(self, terms_of: dict[tuple[int, int, int], Terms]
               ) -> tuple[dict[tuple[int, int, int], float], float] | None:
@@ -400,6 +413,8 @@ class Locality(BasePolicy):
 
     # -- state changes ------------------------------------------------------------------
     def dispatched(self, request: RequestView, decision: Decision) -> None:
+        if not request.generates:  # ``_balanced``: no model of it, no state
+            return
         memo = self._memo
         if (memo is not None and memo.request_id == request.request_id
                 and memo.now == request.now and memo.version == self._version
@@ -429,6 +444,8 @@ class Locality(BasePolicy):
                             request.request_id)
 
     def observe(self, outcome: Outcome) -> None:
+        if not outcome.request.generates:
+            return
         self._version += 1
         rid = outcome.request.request_id
         if outcome.phase == "done" or not outcome.ok:

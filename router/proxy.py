@@ -182,6 +182,7 @@ class Proxy:
             last_replica=self.locator.last_replica(parsed.session),
             now=self.clock(),  # after the lookup, which may wait on Redis
             anchor=anchor_key(chain, residency.block_tokens),
+            generates=parsed.hashed,
         )
 
     async def _route(self, parsed: ParsedRequest, target: Target, request: Request,

@@ -8,6 +8,8 @@ committed, the readers expected of the new prefixes placed lately counted
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from policies.base import Decision, Outcome, ReplicaView, RequestView, Residency
 from policies.hashing import rendezvous_rank
 from policies.locality import Locality, LocalityConfig
@@ -175,3 +177,20 @@ def test_a_prompt_shorter_than_a_block_places_no_prefix() -> None:
         policy.observe(Outcome(view, decision, True, ttft_s=0.1, total_s=0.2, at=i + 0.2))
     # Placed at 1 s on a, at 2 s on b: a's count has decayed a little more.
     assert policy.choose(req("n3", 1636, session="p3", now=3.0), views).replica == "a"
+
+
+def test_a_request_with_no_prompt_prefix_teaches_nothing() -> None:
+    """``/tokenize`` and the like (``RequestView.generates`` false): balanced by our queue,
+    then in flight; no calibration, queue, session or new-prefix state from them."""
+    policy = Locality()
+    views = reps("a", "b")
+    policy.dispatched(req("q", 1636, session="q"), Decision("a", "miss"))  # one queued on a
+    before = policy.describe()
+    for i in range(40):
+        view = replace(req(f"t{i}", 1636, session=f"n:{i}", now=0.1 * i), generates=False)
+        decision = policy.choose(view, views)
+        assert decision == Decision("b", "balanced")
+        policy.dispatched(view, decision)
+        policy.observe(Outcome(view, decision, True, ttft_s=0.002, total_s=0.002,
+                               at=view.now + 0.002))
+    assert policy.describe() == before
