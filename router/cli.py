@@ -15,7 +15,10 @@ absent without it, as in the router image):
 
 Every ``serve`` option is also read from ``LMROUTE_<OPTION>`` and from the config file
 (``--config`` or ``LMROUTE_CONFIG``); precedence CLI > env > file > default. Only this
-module imports ``sim`` (to register its commands); the request path never does.
+module imports ``sim`` (to register its commands), and only for a command that is not the
+router's own: the simulator's parsers import its experiments, and scipy with them, which
+added a second to every ``lmroute serve`` start-up (each ``--workers`` replacement's too)
+and scipy and numpy to every router process. The request path never imports it.
 """
 
 from __future__ import annotations
@@ -110,7 +113,11 @@ def _policies(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+ROUTER_COMMANDS = frozenset({"serve", "policies", "validate"})
+
+
+def build_parser(with_sim: bool = True) -> argparse.ArgumentParser:
+    """Every command's parser; ``with_sim`` false: the router's own only."""
     parser = argparse.ArgumentParser(
         prog="lmroute", description="Locality-aware OpenAI-compatible router for vLLM replicas."
     )
@@ -123,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     from router.validate.command import add_validate_command
 
     add_validate_command(sub)
+    if not with_sim:
+        return parser
     try:
         from sim.cli import add_sim_commands
 
@@ -133,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(with_sim=not argv or argv[0] not in ROUTER_COMMANDS)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

@@ -55,6 +55,22 @@ def test_a_default_router_loads_no_heavy_or_optional_package() -> None:
     assert not {"numpy", "scipy", "matplotlib", "redis", "sim", "httpx"} & set(loaded.split())
 
 
+def test_the_routers_own_commands_load_no_simulator() -> None:
+    """``lmroute serve`` (and ``policies``, ``validate``) build the router's parsers only:
+    the simulator's imported its experiments and scipy, a second of every start-up and
+    ~85 MB in every router process."""
+    loaded = _run(
+        "import contextlib, io, sys\n"
+        "from router import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main(['policies'])\n"
+        "print(' '.join(sorted({n.split('.')[0] for n in sys.modules})))")
+    assert not {"sim", "scipy", "numpy"} & set(loaded.split())
+    every = _run("from router import cli\n"
+                 "print(' '.join(cli.build_parser()._subparsers._group_actions[0].choices))")
+    assert {"serve", "sim", "ab", "demo"} <= set(every.split())
+
+
 def _sim_layers(path: Path) -> set[str]:
     """The sim sub-packages a module imports (``sim.des.loop`` -> ``des``)."""
     out: set[str] = set()
