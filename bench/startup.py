@@ -17,10 +17,9 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-from upstream_clients import HOST, free_port, stop
+from upstream_clients import HOST, free_port, http_get_ok, stop
 
 HERE = Path(__file__).resolve().parent
 
@@ -42,14 +41,11 @@ def one_start(cwd: Path, timeout_s: float = 60.0) -> tuple[float, float]:
     proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.perf_counter() - t0 > timeout_s:
-                    raise RuntimeError(f"{' '.join(cmd)} did not start") from None
-                time.sleep(0.01)
+        # ``upstream_clients.wait_ready`` polls every 0.1 s: too coarse to time this.
+        while not http_get_ok(port, "/health"):
+            if proc.poll() is not None or time.perf_counter() - t0 > timeout_s:
+                raise RuntimeError(f"{' '.join(cmd)} did not start")
+            time.sleep(0.01)
         return time.perf_counter() - t0, rss_mb(proc.pid)
     finally:
         stop(proc)
