@@ -17,8 +17,9 @@ Every ``serve`` option is also read from ``LMROUTE_<OPTION>`` and from the confi
 (``--config`` or ``LMROUTE_CONFIG``); precedence CLI > env > file > default. Only this
 module imports ``sim`` (to register its commands), and only for a command that is not the
 router's own: the simulator's parsers import its experiments, and scipy with them, which
-added a second to every ``lmroute serve`` start-up (each ``--workers`` replacement's too)
-and scipy and numpy to every router process. The request path never imports it.
+added about a second to every ``lmroute serve`` start-up and scipy and numpy to every
+router process (``--workers`` forks them from the parent, which imported once). The
+request path never imports it.
 """
 
 from __future__ import annotations
