@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install bench-peers demo test test-vllm test-deploy test-compose bench-vllm-policies events-report vllm-venv lint bench clean
+.PHONY: install bench-peers bench-servers demo test test-vllm test-deploy test-compose bench-vllm-policies events-report vllm-venv lint bench clean
 
 # The venv is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -110,6 +110,16 @@ bench-peers: $(STAMP) $(PEERS_STAMP)
 	mkdir -p out
 	$(BIN)/python bench/peers.py --peers-venv $(PEERS_VENV) --rounds 2 \
 	  --json out/bench-peers.json --plot out/bench-peers.png
+
+# The same app on granian and hypercorn against uvicorn (`lmroute serve`), beside the peers:
+# docs/benchmarks.md "Other ASGI servers under the same app".
+bench-servers: $(STAMP) $(PEERS_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[servers]'
+	mkdir -p out
+	$(BIN)/python bench/peers.py --peers-venv $(PEERS_VENV) --rounds 3 \
+	  --policies round_robin locality --server granian --server hypercorn \
+	  --server-policies round_robin locality \
+	  --json out/bench-servers.json --plot out/bench-servers.png
 
 clean:
 	rm -rf $(VENV) out .wheels .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -91,6 +91,21 @@ def core_busy_s(cpu: str) -> float:
     raise RuntimeError(f"cpu{cpu} not in /proc/stat")
 
 
+SERVERS = ("granian", "hypercorn")
+
+
+def server_cmd(server: str, port: int) -> list[str]:
+    """``router.asgi``'s app on ``server`` (this venv's), one process and one
+    thread for requests, uvloop, no access log, as ``lmroute serve`` runs uvicorn."""
+    exe = str(Path(sys.executable).parent / server)
+    if server == "granian":
+        return [exe, "--interface", "asgi", "--loop", "uvloop", "--workers", "1",
+                "--runtime-threads", "1", "--no-ws", "--log-level", "error",
+                "--host", HOST, "--port", str(port), "router.asgi:app"]
+    return [exe, "--worker-class", "uvloop", "--workers", "1", "--bind", f"{HOST}:{port}",
+            "--log-level", "error", "router.asgi:app"]
+
+
 def router_cmds(args: argparse.Namespace, port: int, backends: list[str]) -> dict[str, list[str]]:
     """target name -> command line, for the routers this run has."""
     pin = ["taskset", "-c", ROUTER_CPU]
@@ -117,6 +132,11 @@ def router_cmds(args: argparse.Namespace, port: int, backends: list[str]) -> dic
             *pin, sys.executable, "-m", "router.cli", "serve", *[a for b in backends
             for a in ("--backend", b)], "--policy", policy, "--host", HOST, "--port", str(port),
             "--drain-grace-s", "0", "--workers", str(args.workers), *args.lmroute_args]
+    for server in args.server:  # the same app on another ASGI server (router.asgi)
+        for policy in args.server_policies:
+            env = ["env", f"LMROUTE_BACKENDS={','.join(backends)}", f"LMROUTE_POLICY={policy}",
+                   "LMROUTE_ACCESS_LOG=false"]
+            cmds[f"lmroute {policy} on {server}"] = [*env, *pin, *server_cmd(server, port)]
     if args.floor:  # no router at all: the interpreter and uvloop relaying bytes
         cmds["python floor (uvloop byte relay)"] = [
             *pin, sys.executable, str(HERE / "raw_relay.py"), "--host", HOST, "--port", str(port),
@@ -235,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--workers-policies", nargs="*", default=[],
                     help="also run these policies with --workers N ('lmroute P xN workers')")
+    ap.add_argument("--server", action="append", default=[], choices=SERVERS,
+                    help="also serve the app with this ASGI server instead of uvicorn "
+                         "('lmroute P on SERVER', router.asgi; make bench-servers)")
+    ap.add_argument("--server-policies", nargs="+", default=["round_robin"])
     ap.add_argument("--floor", action="store_true",
                     help="also run bench/raw_relay.py: a uvloop byte relay, no HTTP (the floor "
                          "of any Python router)")

@@ -16,7 +16,7 @@ any other message and waits for ``http.disconnect``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, cast
 
 from starlette.types import Message, Receive, Scope
@@ -27,6 +27,19 @@ CLIENT_CLOSED = 499  # nginx's status for "client closed request", in the access
 
 class ClientGone(Exception):
     """The client disconnected before its reply started; the upstream work was cancelled."""
+
+
+def steppable(step: Awaitable[T]) -> Coroutine[Any, Any, T]:
+    """``step`` as a coroutine, which can be stepped by hand (``send(None)``). uvicorn's
+    ``receive()`` and ``send()`` return coroutines; another ASGI server's may return any
+    awaitable (granian's have no ``send``): such a one is awaited by a coroutine of ours."""
+    if hasattr(step, "send"):
+        return cast(Coroutine[Any, Any, T], step)
+    return _awaited(step)
+
+
+async def _awaited(step: Awaitable[T]) -> T:
+    return await step
 
 
 class Watch:
@@ -51,7 +64,7 @@ class Watch:
         self._step(None)
 
     def _ask(self) -> Coroutine[Any, Any, Message]:
-        return cast(Coroutine[Any, Any, Message], self._receive())
+        return steppable(self._receive())
 
     def _step(self, _done: Any) -> None:
         self._blocker = None

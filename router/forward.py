@@ -36,11 +36,12 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any, cast
+from typing import Any
 
-from starlette.types import Message, Send
+from starlette.types import Send
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from router.disconnect import steppable
 from router.wire import WireResponse
 
 _AFTER_HEAD = "lmroute_after_head"  # the attribute naming a wrapper's inner send
@@ -73,8 +74,9 @@ def _direct_cycle(send: Send) -> Any:
 class Forward:
     def __init__(self, resp: WireResponse, send: Send, first_byte: Callable[[], None]):
         self.resp, self.send, self.first_byte = resp, send, first_byte
-        # ASGI servers' send is a coroutine function (uvicorn's, and every middleware's).
-        self._step_send = cast(Callable[[Message], Coroutine[Any, Any, None]], send)
+        # Stepped by hand (``steppable``): uvicorn's send and every middleware's return a
+        # coroutine; another ASGI server's may return any awaitable.
+        self._step_send = send
         self.first = True
         self.busy = False  # a send is suspended: reads are paused and chunks wait in pending
         self.pending: deque[bytes] = deque()
@@ -112,7 +114,7 @@ class Forward:
             if data and not cycle.disconnected:
                 cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
             return
-        coro = self._step_send(self._message(data))
+        coro = steppable(self._step_send(self._message(data)))
         try:
             blocker = coro.send(None)
         except StopIteration:

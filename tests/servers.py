@@ -35,8 +35,9 @@ class Server:
 
     def __init__(self, args: list[str], port: int, ready_path: str = "/health",
                  env: dict[str, str] | None = None, name: str = "server",
-                 repick_port: bool = False):
+                 repick_port: bool = False, module: str = "router.cli"):
         self.args = args
+        self.module = module  # run as ``python -m MODULE ARGS``
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.ready_path = ready_path
@@ -76,7 +77,7 @@ class Server:
         if self._log_start is None:
             self._log_start = log.tell()
         env = {**os.environ, **(self.env or {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", "router.cli", *self.args],
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args],
                                      stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         deadline = time.monotonic() + timeout_s
