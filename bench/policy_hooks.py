@@ -1,7 +1,7 @@
 """A policy's own cost per request, in process: ``choose``, ``dispatched``, ``observe``.
 
 Run: ``.venv/bin/python bench/policy_hooks.py [--policies locality round_robin ...]
-[--replicas 2] [--in-flight 64] [--n 5000] [--rounds 5]``.
+[--replicas 2] [--in-flight 64] [--n 5000] [--rounds 5] [--shuffled]``.
 
 A loop of short requests (3 prompt tokens, one block cached on every replica, 50
 sessions), 200 us apart on the policy's clock (``RequestView.now``): each is chosen and
@@ -18,6 +18,7 @@ caches), and ``bench/peers.py`` measures that.
 from __future__ import annotations
 
 import argparse
+import random
 import time
 from collections import deque
 
@@ -29,9 +30,11 @@ WARMUP = 2000
 
 
 def per_request_us(policy_name: str, replicas: int, in_flight: int, n: int,
-                   rounds: int) -> tuple[float, float, float]:
-    """(choose, dispatched, observe) microseconds per request, the best round's."""
+                   rounds: int, shuffled: bool = False) -> tuple[float, float, float]:
+    """(choose, dispatched, observe) microseconds per request, the best round's;
+    ``shuffled``: the request observed is any of those in flight (seeded), not the oldest."""
     policy = create(policy_name, None)
+    rng = random.Random(0)
     views = [ReplicaView(id=f"r{i}", url=f"http://r{i}") for i in range(replicas)]
     residency = Residency(chain_blocks=1, gpu={v.id: 1 for v in views})
     out: deque[tuple[RequestView, Decision]] = deque()
@@ -50,6 +53,9 @@ def per_request_us(policy_name: str, replicas: int, in_flight: int, n: int,
         spent[1] += clock() - t1
         out.append((view, decision))
         if len(out) > in_flight:
+            if shuffled:  # swap a random one to the front: replies in any order
+                k = rng.randrange(len(out))
+                out[0], out[k] = out[k], out[0]
             first, chosen = out.popleft()
             outcome = Outcome(first, chosen, ok=True, ttft_s=now - first.now,
                               total_s=now - first.now, at=now)
@@ -79,11 +85,15 @@ def main() -> None:
     ap.add_argument("--in-flight", type=int, default=64)
     ap.add_argument("--n", type=int, default=5000, help="requests per round")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--shuffled", action="store_true",
+                    help="observe any request in flight, not the oldest: first tokens out of "
+                         "order, as from a batching engine or wrk's fast backends")
     args = ap.parse_args()
     print("| policy | choose (us) | dispatched (us) | observe (us) | total (us) |")
     print("|---|---|---|---|---|")
     for name in args.policies:
-        c, d, o = per_request_us(name, args.replicas, args.in_flight, args.n, args.rounds)
+        c, d, o = per_request_us(name, args.replicas, args.in_flight, args.n, args.rounds,
+                                 args.shuffled)
         print(f"| {name} | {c:.1f} | {d:.1f} | {o:.1f} | {c + d + o:.1f} |")
 
 

@@ -71,22 +71,29 @@ class FifoQueue:
                 self._rewalk(k)
                 return entry
         self._back.remove(request_id)
-        walk = NO_WALK
-        for rid in self._back:
-            sent, service = self.pending[rid]
-            walk = then(walk, (service, sent + service))
-        self._back_walk = walk
+        b, a = NO_WALK
+        pending = self.pending
+        for rid in self._back:  # ``then(walk, (service, sent + service))``, inline
+            sent, service = pending[rid]
+            a += service
+            end = sent + service
+            b, a = b + service, (a if a > end else end)
+        self._back_walk = (b, a)
         return entry
 
     def _rewalk(self, k: int) -> None:
         """The walks of ``_front[k:]`` (older than a request that left, or all), again."""
-        front = self._front
-        walk = front[k - 1][1] if k else NO_WALK
+        front, pending = self._front, self.pending
+        b, a = front[k - 1][1] if k else NO_WALK
         for i in range(k, len(front)):
+            # ``then((service, sent + service), walk)``, inline: one per request older
             rid = front[i][0]
-            sent, service = self.pending[rid]
-            walk = then((service, sent + service), walk)
-            front[i] = (rid, walk)
+            sent, service = pending[rid]
+            end = sent + service + b
+            b += service
+            if a < end:
+                a = end
+            front[i] = (rid, (b, a))
 
     def _refill(self) -> None:
         """Every pending request into ``_front``, newest first, each with its walk."""
