@@ -8,8 +8,11 @@ the settings come from the environment (``LMROUTE_BACKENDS``, ``LMROUTE_POLICY``
 
     LMROUTE_BACKENDS=http://127.0.0.1:8001 granian --interface asgi router.asgi:app
 
-Start-up is ``lmroute serve``'s: logging configured, then the GC frozen once the app is
-built (``router.hotpath.freeze_gc``). ``bench/peers.py --server`` measures such servers
+Start-up is ``lmroute serve``'s: the same settings errors (no backend is one), logging
+configured, then the GC frozen once the app is built (``router.hotpath.freeze_gc``). A
+server's own worker processes each import this module, so each builds its own app: as with
+``lmroute serve --workers``, they share what they learn only through ``LMROUTE_INDEX``
+(Redis) or the engines' KV events. ``bench/peers.py --server`` measures such servers
 against uvicorn (docs/benchmarks.md).
 """
 
@@ -23,6 +26,8 @@ from router.logs import configure
 from router.settings import load_settings
 
 settings = load_settings({}, os.environ, os.environ.get("LMROUTE_CONFIG"))
+if not settings.backends and not settings.backends_file:
+    raise SystemExit("lmroute: LMROUTE_BACKENDS (or LMROUTE_BACKENDS_FILE) is required")
 configure(settings.log_format, settings.log_level, settings.access_log)
 app = create_app(settings)
 if settings.gc_freeze:

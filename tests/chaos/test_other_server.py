@@ -11,6 +11,10 @@ process on 127.0.0.1, in front of a real emulated replica.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import httpx
 import orjson
 import pytest
@@ -63,3 +67,11 @@ def test_disconnect_mid_stream_aborts_upstream(start_servers, access_log: bool) 
     wait_until(lambda: metric(rep.url, "vllm:request_success_total",
                               finished_reason="abort") == 1, timeout_s=3)  # not after 10 s
     assert in_flight(lm.url) == 0
+
+
+def test_no_backend_is_a_clear_error() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LMROUTE_")}
+    done = subprocess.run([sys.executable, "-c", "import router.asgi"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "LMROUTE_BACKENDS" in done.stderr and "Traceback" not in done.stderr
