@@ -32,13 +32,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from servers import Server, replica, router
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+from upstream_clients import rss_kib
 
 
 def bodies(n: int, sessions: int, stream_every: int, seed: int) -> list[dict[str, Any]]:

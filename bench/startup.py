@@ -19,16 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from upstream_clients import HOST, free_port, http_get_ok, stop
+from upstream_clients import HOST, free_port, http_get_ok, rss_kib, stop
 
 HERE = Path(__file__).resolve().parent
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
 
 
 def one_start(cwd: Path, timeout_s: float = 60.0) -> tuple[float, float]:
@@ -46,7 +39,7 @@ def one_start(cwd: Path, timeout_s: float = 60.0) -> tuple[float, float]:
             if proc.poll() is not None or time.perf_counter() - t0 > timeout_s:
                 raise RuntimeError(f"{' '.join(cmd)} did not start")
             time.sleep(0.01)
-        return time.perf_counter() - t0, rss_mb(proc.pid)
+        return time.perf_counter() - t0, rss_kib(proc.pid) / 1024
     finally:
         stop(proc)
 

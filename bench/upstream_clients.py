@@ -123,6 +123,14 @@ def check_replies(port: int, what: str) -> None:
         raise RuntimeError(f"{what}: bad stream reply {status} {ctype} {len(events)} events")
 
 
+def rss_kib(pid: int) -> int:
+    """A process's resident memory (``VmRSS`` in ``/proc/PID/status``), KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """Stop one process we started, by its pid: SIGTERM, then SIGKILL."""
     if proc.poll() is not None:

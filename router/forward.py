@@ -74,9 +74,6 @@ def _direct_cycle(send: Send) -> Any:
 class Forward:
     def __init__(self, resp: WireResponse, send: Send, first_byte: Callable[[], None]):
         self.resp, self.send, self.first_byte = resp, send, first_byte
-        # Stepped by hand (``steppable``): uvicorn's send and every middleware's return a
-        # coroutine; another ASGI server's may return any awaitable.
-        self._step_send = send
         self.first = True
         self.busy = False  # a send is suspended: reads are paused and chunks wait in pending
         self.pending: deque[bytes] = deque()
@@ -114,7 +111,9 @@ class Forward:
             if data and not cycle.disconnected:
                 cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
             return
-        coro = steppable(self._step_send(self._message(data)))
+        # Stepped by hand: uvicorn's send and every middleware's return a coroutine; another
+        # ASGI server's may return any awaitable (``steppable``).
+        coro = steppable(self.send(self._message(data)))
         try:
             blocker = coro.send(None)
         except StopIteration:

@@ -112,6 +112,13 @@ class Server:
         self.proc = None
 
 
+def sse_data(stream: bytes) -> list[bytes]:
+    """The ``data:`` payloads of a whole SSE reply, up to its closing ``[DONE]``."""
+    events = [e.removeprefix(b"data: ") for e in stream.split(b"\n\n") if e]
+    assert events[-1] == b"[DONE]"
+    return events[:-1]
+
+
 def replica(*extra: str, port: int | None = None) -> Server:
     chosen = port or free_port()
     return Server(["replica", "--port", str(chosen), *extra], chosen, name="replica",

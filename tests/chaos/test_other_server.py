@@ -19,7 +19,7 @@ import httpx
 import orjson
 import pytest
 from chaos import chat, in_flight, metric, wait_until
-from servers import Server, free_port, replica
+from servers import Server, free_port, replica, sse_data
 
 
 def granian(backend: str, access_log: bool = False) -> Server:
@@ -32,9 +32,7 @@ def granian(backend: str, access_log: bool = False) -> Server:
 
 
 def _texts(stream: bytes) -> list[str]:
-    events = [e.removeprefix(b"data: ") for e in stream.split(b"\n\n") if e]
-    assert events[-1] == b"[DONE]"
-    return [orjson.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]]
+    return [orjson.loads(e)["choices"][0]["delta"].get("content", "") for e in sse_data(stream)]
 
 
 @pytest.mark.parametrize("access_log", [False, True])  # on: our middleware wraps send

@@ -20,7 +20,7 @@ import httpx
 import orjson
 import pytest
 import uvicorn
-from servers import Server, replica
+from servers import Server, replica, sse_data
 from servers_redis import free_port
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
@@ -34,9 +34,7 @@ BODY = {"model": "emulated-27b", "prompt": "count the stars", "max_tokens": 40,
 
 
 def _texts(stream: bytes) -> list[str]:
-    events = [e.removeprefix(b"data: ") for e in stream.split(b"\n\n") if e]
-    assert events[-1] == b"[DONE]"
-    return [orjson.loads(e)["choices"][0]["text"] for e in events[:-1]]
+    return [orjson.loads(e)["choices"][0]["text"] for e in sse_data(stream)]
 
 
 async def test_stream_chunks_bypass_send_and_arrive_whole(

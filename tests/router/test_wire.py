@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
-from servers import replica
+from servers import replica, sse_data
 
 from router.errors import UpstreamConnectError, UpstreamStreamBroken
 from router.upstream import Upstream
@@ -270,9 +270,7 @@ def test_a_slow_client_gets_every_event_in_order(start_servers) -> None:
 
     def texts(stream: bytes) -> list[str]:
         import json as _json
-        events = [e.removeprefix(b"data: ") for e in stream.split(b"\n\n") if e]
-        assert events[-1] == b"[DONE]"
-        return [_json.loads(e)["choices"][0]["text"] for e in events[:-1]]
+        return [_json.loads(e)["choices"][0]["text"] for e in sse_data(stream)]
 
     assert len(direct) > 4 * 2**20  # larger than what the kernel buffers between us
     assert texts(relayed) == texts(direct)
