@@ -99,7 +99,15 @@ stale prediction in full would integrate one error many times over (wind-up).
 
 ``error()`` is the EWMA (step ``alpha``) of ``|log residual|`` after warm-up: how far the
 calibrated model's predictions are from what happens, so the policy can trust it less
-where it is wrong (``policies.locality``). Pure arithmetic, no numpy: five factors.
+where it is wrong (``policies.locality``). It starts at 0. ``error_bound()`` is the same
+average started from the largest residual the fit accepts, ``log(clip)``, which is also
+its value before warm-up ends: a model with no evidence of its accuracy is not trusted,
+and the bound reaches the observed error over the first ten or so replies (``alpha``
+0.2). ``locality`` widens its ties by it: on the vLLM pair the engines' first first
+tokens came a second after the benchmark's opening burst, and in that second the prior,
+whose recompute looks 1.6x a cache hit where that engine's is about 3x, copied prefixes
+to whichever engine had the shorter queue (6 of a run's 7 copies, traced;
+docs/locality.md). Pure arithmetic, no numpy: five factors.
 """
 
 from __future__ import annotations
@@ -178,6 +186,7 @@ class Calibration:
     log_load: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
     abs_error: float = 0.0
+    wide_error: float = 0.0  # ``error_bound()``'s average once warm-up has ended
     # "alone" (unqueued requests) and "runs" -> replica -> per part (prefill, load):
     # decayed [weight, sum, sum of squares] of log offsets from the fleet's prediction
     _evidence: dict[str, dict[str, tuple[list[float], list[float]]]] = field(
@@ -222,6 +231,11 @@ class Calibration:
     def error(self) -> float:
         """EWMA of |log(observed / predicted)| after warm-up (0 until then)."""
         return self.abs_error
+
+    def error_bound(self) -> float:
+        """The error with no evidence counted as the worst: ``log(clip)`` until warm-up
+        ends, then the same EWMA as ``error()`` started from there (module docstring)."""
+        return self.wide_error if self.observations > self.warmup else math.log(self.clip)
 
     def update(self, replica: str, terms: Terms, observed_s: float,
                queued: bool = False) -> float | None:
@@ -268,6 +282,9 @@ class Calibration:
         bound = math.log(self.clip)
         r = max(-bound, min(bound, r))
         self.abs_error += self.alpha * (abs(r) - self.abs_error)
+        if self.observations == self.warmup + 1:  # from the error assumed without evidence
+            self.wide_error = bound
+        self.wide_error += self.alpha * (abs(r) - self.wide_error)
         self._update_terms(replica, terms, service, math.exp(r), queued)
         return r
 
@@ -377,6 +394,7 @@ class Calibration:
     def as_json(self) -> dict[str, object]:
         return {"fleet_scale": self.fleet_scale(), "observations": self.observations,
                 "prediction_error": self.abs_error,
+                "error_bound": self.error_bound(),
                 "term_scale": dict(zip(FACTOR_NAMES, self.term_scale, strict=True)),
                 "queued_fixed_share": self.queued_fixed_share(),
                 "replicas": {rid: {"prefill_deviation": math.exp(self.log_prefill.get(rid, 0.0)),

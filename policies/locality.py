@@ -134,7 +134,9 @@ class LocalityConfig:
     prompts); off, one fixed factor serves both; ``tie_work``: among ties, those adding
     no work beyond the least win first; ``new_balance_s``: ties of a prompt no candidate
     holds count the readers expected of the new prefixes placed lately, then the service,
-    decayed with this time constant (0: off, the queues then the session's hash order)."""
+    decayed with this time constant (0: off, the queues then the session's hash order);
+    ``untrusted_ties``: the tie margin grows by ``Calibration.error_bound()`` (no evidence:
+    the worst error) instead of ``error()`` (no evidence: none)."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -156,6 +158,7 @@ class LocalityConfig:
     batching: bool = True
     tie_work: bool = True
     new_balance_s: float = 60.0
+    untrusted_ties: bool = True
 
 
 class _Dispatch(NamedTuple):
@@ -274,7 +277,11 @@ class Locality(BasePolicy):
         # order is the placement all routers agree on), then the session's rendezvous
         # order (``min`` is stable), never one replica's edge.
         error = self.config.distrust * self.calibration.error()
-        bound = low * (1 + self.config.tie_margin + error)
+        # Before the model has shown its error it cannot tell candidates apart: the ties
+        # widen to the worst error it accepts and narrow as replies show the real one.
+        cal = self.calibration
+        bound = low * (1 + self.config.tie_margin + self.config.distrust * (
+            cal.error_bound() if self.config.untrusted_ties else cal.error()))
         tied = [r for r in candidates if scores[r.id] <= bound]
         if len(tied) > 1:
             # A prompt no candidate holds any of (that we know) goes by its anchor's order,

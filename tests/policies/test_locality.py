@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 import math
@@ -174,7 +175,9 @@ def test_a_turn_sent_before_its_predecessor_finished_follows_it() -> None:
 
 
 def _deep_queues(policy: Locality, on_a: int, on_b: int) -> float:
-    """Teach the policy a ~1.3 s service time, then queue 8k prefills on a and b."""
+    """Teach the policy a ~1.3 s service time, then queue 8k prefills on a and b. (First
+    tokens only: calibration learns at a reply's end, so its model stays the prior's, and
+    these tests, of the score's charges, run with ``untrusted_ties=False``.)"""
     t = 0.0
     for i in range(4):
         for r in ("a", "b"):
@@ -196,13 +199,13 @@ def test_near_saturation_a_recompute_is_charged_to_the_whole_queue() -> None:
     blocks = 32_768 // BT
     decisions = {}
     for aware in (False, True):
-        policy = Locality(LocalityConfig(load_aware_work=aware))
+        policy = Locality(LocalityConfig(load_aware_work=aware, untrusted_ties=False))
         now = _deep_queues(policy, 30, 12)
         decisions[aware] = policy.choose(req("x", 33_068, gpu={"a": blocks}, last="a", now=now),
                                          reps("a", "b")).replica
     assert decisions == {False: "b", True: "a"}
     # A short queue charges little: the pool still makes a move worth it.
-    policy = Locality()
+    policy = Locality(LocalityConfig(untrusted_ties=False))
     now = _deep_queues(policy, 3, 0)
     d = policy.choose(req("y", 33_068, gpu={"a": blocks}, pool=blocks, last="a", now=now),
                       reps("a", "b"))
@@ -269,7 +272,7 @@ def test_equally_good_replicas_share_the_traffic() -> None:
     assert all(policy.choose(req(str(i), 1600, gpu={"a": blocks, "b": blocks},
                                  session=f"t{i}"), reps("a", "b")).replica == "b"
                for i in range(20))  # a has one queued: a tie no more, or broken by queue
-    strict = Locality(LocalityConfig(tie_margin=0.0))
+    strict = Locality(LocalityConfig(tie_margin=0.0, untrusted_ties=False))
     strict.calibration.set_deviation("a", -0.02)
     strict.calibration.set_deviation("b", 0.02)
     assert all(strict.choose(req(str(i), 1600, gpu={"a": blocks, "b": blocks},
@@ -358,7 +361,7 @@ def _document_question(config: LocalityConfig, queued_on_a: int, readers: int) -
     ``queued_on_a`` 8k prefills ahead of it there, b idle and ``readers`` of the document
     in flight."""
     blocks = 32_768 // BT
-    policy = Locality(config)
+    policy = Locality(dataclasses.replace(config, untrusted_ties=False))
     now = _deep_queues(policy, queued_on_a, 0)
     res = Residency(chain_blocks=blocks + 1, block_tokens=BT, gpu={"a": blocks}, readers=readers)
     view = RequestView(request_id="x", model="m", session="new", prompt_tokens=33_000,
@@ -384,8 +387,8 @@ def test_a_hot_document_is_copied_before_its_holder_waits_longer_than_the_copy()
     (``tie_work``; settled by the queues, b took it); without the benefit the shared
     copy alone waits for a deeper queue on a."""
     policy = Locality()
-    _deep_queues(policy, 2, 0)
-    question = req("x", 33_000, gpu={"a": 32_768 // BT}, now=8 * 1.3, session="new")
+    now = _deep_queues(policy, 2, 0)
+    question = req("x", 33_000, gpu={"a": 32_768 // BT}, now=now, session="new")
     assert policy.estimate(question, reps("a")[0]).wait_s < 3.0
     assert policy.estimate(question, reps("b")[0]).ttft_s > 5.0
     chosen = {(readers, benefit): _document_question(

@@ -81,7 +81,10 @@ def _new_session_placement(config: LocalityConfig, *, shared: bool = False,
                            readers: int = 0) -> str:
     # Without the ties by recent work (``new_balance_s``): a's agents sent work there,
     # which alone would send a new session to b; the charge is what is tested here.
-    policy = _agents_on_a(dataclasses.replace(config, new_balance_s=0.0), shared=shared)
+    # And ties as wide as the model's running error: five replies are too few for the
+    # no-evidence bound (``untrusted_ties``) to have come down, and this tests the charge.
+    policy = _agents_on_a(dataclasses.replace(config, new_balance_s=0.0, untrusted_ties=False),
+                          shared=shared)
     # A session whose rendezvous order puts a first: without the charge, ties go to a.
     session = next(s for s in (f"new{i}" for i in range(100))
                    if rendezvous_rank(s, [ReplicaView(id="a", url="a"),

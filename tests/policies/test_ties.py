@@ -194,3 +194,33 @@ def test_a_request_with_no_prompt_prefix_teaches_nothing() -> None:
         policy.observe(Outcome(view, decision, True, ttft_s=0.002, total_s=0.002,
                                at=view.now + 0.002))
     assert policy.describe() == before
+
+
+def _copy_or_wait(policy: Locality) -> str:
+    """Two hits of ours queued on a, which holds a 1,536-token prefix; b idle. Where a
+    third hit goes (b: a copy, the prefix recomputed there)."""
+    for i in range(2):
+        view = req(f"q{i}", 1636, gpu={"a": BLOCKS}, session=f"s{i}")
+        policy.dispatched(view, Decision("a", "gpu-hit"))
+    return policy.choose(req("x", 1636, gpu={"a": BLOCKS}, session="t"), reps("a", "b")).replica
+
+
+def test_a_model_with_no_evidence_does_not_copy_on_the_priors_word() -> None:
+    """Before any reply has taught calibration, the prior's prediction that the copy is
+    quicker is not evidence: the tie is as wide as the worst error the fit accepts, and
+    a tie adds no work (the vLLM pair: 6 of a run's 7 copies came in the second before
+    the engines' first first tokens, on a prior whose recompute looks 1.6x a hit where it
+    is 3x). Once replies have shown the prior right, the same copy is made; with the ties
+    as wide as the running error only (``untrusted_ties=False``), it is made at once."""
+    assert _copy_or_wait(Locality()) == "a"
+    assert _copy_or_wait(Locality(LocalityConfig(untrusted_ties=False))) == "b"
+    taught = Locality()
+    for i in range(40):  # replies served alone, each exactly as the prior predicts
+        view = req(f"w{i}", 1636, gpu={"a": BLOCKS}, session=f"w{i}", now=float(i))
+        decision = Decision("a", "gpu-hit")
+        service = taught.estimate(view, reps("a")[0]).ttft_s
+        taught.dispatched(view, decision)
+        taught.observe(Outcome(view, decision, True, ttft_s=service, total_s=service + 0.1,
+                               at=i + service + 0.1, prompt_tokens=1636, cached_tokens=1536))
+    assert taught.calibration.error_bound() < 0.05
+    assert _copy_or_wait(taught) == "b"
