@@ -186,7 +186,6 @@ class Calibration:
     log_load: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
     abs_error: float = 0.0
-    wide_error: float = 0.0  # ``error_bound()``'s average once warm-up has ended
     # "alone" (unqueued requests) and "runs" -> replica -> per part (prefill, load):
     # decayed [weight, sum, sum of squares] of log offsets from the fleet's prediction
     _evidence: dict[str, dict[str, tuple[list[float], list[float]]]] = field(
@@ -234,8 +233,11 @@ class Calibration:
 
     def error_bound(self) -> float:
         """The error with no evidence counted as the worst: ``log(clip)`` until warm-up
-        ends, then the same EWMA as ``error()`` started from there (module docstring)."""
-        return self.wide_error if self.observations > self.warmup else math.log(self.clip)
+        ends, then the same EWMA as ``error()`` started from there (module docstring).
+        Both averages take the same steps, so they differ by the start's ``log(clip)``
+        times ``(1 - alpha)`` per step: no second average is kept."""
+        steps = self.observations - self.warmup
+        return self.abs_error + math.log(self.clip) * (1 - self.alpha) ** max(0, steps)
 
     def update(self, replica: str, terms: Terms, observed_s: float,
                queued: bool = False) -> float | None:
@@ -282,9 +284,6 @@ class Calibration:
         bound = math.log(self.clip)
         r = max(-bound, min(bound, r))
         self.abs_error += self.alpha * (abs(r) - self.abs_error)
-        if self.observations == self.warmup + 1:  # from the error assumed without evidence
-            self.wide_error = bound
-        self.wide_error += self.alpha * (abs(r) - self.wide_error)
         self._update_terms(replica, terms, service, math.exp(r), queued)
         return r
 
