@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install bench-peers bench-servers demo test test-vllm test-deploy test-compose bench-vllm-policies events-report vllm-venv lint bench clean
+.PHONY: install fast bench-peers bench-servers demo test test-vllm test-deploy test-compose bench-vllm-policies events-report vllm-venv lint bench clean
 
 # The venv is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -95,6 +95,22 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/router_bench.py
 
+# The locality policy compiled by mypyc (setup.py, LMROUTE_MYPYC=1) in its own venv, a
+# regular install rebuilt when the sources change; .venv stays editable and pure Python.
+# bench/peers.py --compiled .venv-fast runs it beside the pure one. Needs a C compiler.
+FAST_VENV  := .venv-fast
+FAST_STAMP := $(FAST_VENV)/.installed
+
+$(FAST_STAMP): pyproject.toml setup.py $(shell find router policies sim -name '*.py')
+	test -x $(FAST_VENV)/bin/python || $(PYTHON) -m venv $(FAST_VENV)
+	$(FAST_VENV)/bin/python -m pip install --quiet --upgrade pip 'setuptools>=77' wheel 'mypy>=1.10'
+	LMROUTE_MYPYC=1 $(FAST_VENV)/bin/python -m pip install --quiet --no-build-isolation .
+	cd / && $(CURDIR)/$(FAST_VENV)/bin/python -c \
+	  "import policies.locality as m; assert m.__file__.endswith('.so'), m.__file__"
+	touch $(FAST_STAMP)
+
+fast: $(FAST_STAMP)
+
 # lmroute against the Rust routers (pinned, in their own venv; not part of CI, ~10 min):
 # docs/benchmarks.md "Against sglang-router and vllm-router". Needs wrk (apt-get install wrk).
 PEERS_VENV  := .venv-peers
@@ -122,4 +138,4 @@ bench-servers: $(STAMP) $(PEERS_STAMP)
 	  --json out/bench-servers.json --plot out/bench-servers.png
 
 clean:
-	rm -rf $(VENV) out .wheels .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(FAST_VENV) out .wheels .pytest_cache .mypy_cache .ruff_cache *.egg-info

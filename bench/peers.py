@@ -23,6 +23,9 @@ to one core), the backends and wrk on core 1.
 to the router core with the rest: on a 2-core machine whose other core runs the load, the
 scaling question is CPU per request (summed over the workers), not throughput.
 
+``--compiled VENV`` adds ``lmroute P (mypyc)`` targets: that venv's ``lmroute``, whose
+locality modules are compiled (``make fast``, setup.py), beside this checkout's pure one.
+
 Each cell also records the 1-minute load average and how busy core 0 was beyond the
 router itself (``core0_other``: other processes on the router's core, the noise).
 
@@ -124,6 +127,13 @@ def router_cmds(args: argparse.Namespace, port: int, backends: list[str]) -> dic
         exe = str(Path(args.before) / ".venv" / "bin" / "lmroute")
         for policy in args.before_policies:
             cmds[f"lmroute@before {policy}"] = [
+                *pin, exe, "serve", *[a for b in backends for a in ("--backend", b)],
+                "--policy", policy, "--host", HOST, "--port", str(port), "--drain-grace-s", "0",
+                *args.lmroute_args]
+    if args.compiled:  # the policies compiled by mypyc (make fast): that venv's entry point
+        exe = str(Path(args.compiled) / "bin" / "lmroute")
+        for policy in args.compiled_policies:
+            cmds[f"lmroute {policy} (mypyc)"] = [
                 *pin, exe, "serve", *[a for b in backends for a in ("--backend", b)],
                 "--policy", policy, "--host", HOST, "--port", str(port), "--drain-grace-s", "0",
                 *args.lmroute_args]
@@ -252,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", help="a checkout (with its .venv) whose lmroute runs too, as "
                     "'lmroute@before POLICY': before/after in the same run")
     ap.add_argument("--before-policies", nargs="+", default=["round_robin"])
+    ap.add_argument("--compiled", metavar="VENV",
+                    help="a venv whose lmroute has its policies compiled by mypyc (make fast: "
+                         ".venv-fast); its policies run too, as 'lmroute POLICY (mypyc)'")
+    ap.add_argument("--compiled-policies", nargs="+", default=["locality"])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--workers-policies", nargs="*", default=[],
                     help="also run these policies with --workers N ('lmroute P xN workers')")
