@@ -122,9 +122,9 @@ $(PEERS_STAMP):
 	$(PEERS_VENV)/bin/python -m pip install --quiet sglang-router==0.3.2 vllm-router==0.1.17 py-spy==0.4.3
 	touch $(PEERS_STAMP)
 
-bench-peers: $(STAMP) $(PEERS_STAMP)
+bench-peers: $(STAMP) $(PEERS_STAMP) $(FAST_STAMP)
 	mkdir -p out
-	$(BIN)/python bench/peers.py --peers-venv $(PEERS_VENV) --rounds 2 \
+	$(BIN)/python bench/peers.py --peers-venv $(PEERS_VENV) --rounds 2 --compiled $(FAST_VENV) \
 	  --json out/bench-peers.json --plot out/bench-peers.png
 
 # The same app on granian and hypercorn against uvicorn (`lmroute serve`), beside the peers:
