@@ -108,6 +108,9 @@ from policies.new_prefixes import NewPrefixes
 from policies.returning import Returning
 from policies.session_log import SessionLog
 
+# Built by mypyc (setup.py, ``LMROUTE_MYPYC=1``): this module is then an extension.
+COMPILED = not __file__.endswith(".py")
+
 
 @dataclass(frozen=True, slots=True)
 class LocalityConfig:
@@ -533,6 +536,7 @@ class Locality(BasePolicy):
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "compiled": COMPILED,
             "config": asdict(self.config),
             "calibration": self.calibration.as_json(),
             "mean_service_s": dict(self._service_mean),

@@ -34,6 +34,7 @@ for workload, hardware, routers in (("tenants", "study-27b", 1), ("docqa", "no-p
     job = Job(workload, hardware, 4, routers, 1.0, "locality", 0, 150.0, "study-27b")
     rows += [(r.replica, r.reason, r.ttft_s.hex(), r.router) for r in records(job)]
 print(json.dumps({"module": compiled.__file__, "n": len(rows),
+                  "says": compiled.Locality().describe()["compiled"],
                   "digest": hashlib.sha256(repr(rows).encode()).hexdigest(),
                   "reasons": sorted({r[1] for r in rows})}))
 """
@@ -77,6 +78,8 @@ def test_compiled_locality_decides_as_the_source_does(tmp_path: Path) -> None:
     source = run_driver(ROOT)
     assert str(compiled["module"]).endswith(".so"), compiled["module"]
     assert str(source["module"]).endswith("locality.py"), source["module"]
+    # GET /policy tells an operator which build routes
+    assert compiled.pop("says") is True and source.pop("says") is False
     # Enough happened to tell them apart: hundreds of requests, placements of every kind.
     assert source["n"] > 300
     assert {"sticky", "miss"} <= set(source["reasons"])
