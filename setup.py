@@ -3,7 +3,8 @@ extensions by mypyc (mypy's compiler, as black and mypy itself ship); otherwise 
 package is pure Python, as pyproject.toml describes it.
 
 The compiled modules run the same source, typed as mypy checks it: in process the
-policy's hooks cost about half as much (docs/benchmarks.md "Compiled policies"). The
+policy's hooks cost about half as much (docs/benchmarks.md, "`locality` compiled by
+mypyc"). The
 build needs mypy and a C compiler in the build environment, so it is opt-in and runs
 without build isolation::
 
@@ -21,7 +22,7 @@ import os
 from setuptools import setup
 
 # The modules of one routing decision with ``locality`` (its hooks' call graph); the
-# others stay pure Python (policies.base: its dataclasses are built by the router).
+# others stay pure Python (mypyc rejects ``policies.base``'s runtime-checkable Protocol).
 COMPILED = [
     "policies/locality.py",
     "policies/calibration.py",

@@ -123,20 +123,20 @@ def router_cmds(args: argparse.Namespace, port: int, backends: list[str]) -> dic
             *pin, str(exe), *sub, "--host", HOST, "--port", str(port), "--worker-urls", *backends,
             "--policy", "cache_aware", "--log-level", "error",
             "--prometheus-port", str(free_port()), "--prometheus-host", HOST]
+
+    def serve(exe: Path, policy: str) -> list[str]:  # another venv's ``lmroute serve``
+        return [*pin, str(exe), "serve", *[a for b in backends for a in ("--backend", b)],
+                "--policy", policy, "--host", HOST, "--port", str(port), "--drain-grace-s", "0",
+                *args.lmroute_args]
+
     if args.before:  # another checkout's lmroute (its own venv's entry point), same options
-        exe = str(Path(args.before) / ".venv" / "bin" / "lmroute")
         for policy in args.before_policies:
-            cmds[f"lmroute@before {policy}"] = [
-                *pin, exe, "serve", *[a for b in backends for a in ("--backend", b)],
-                "--policy", policy, "--host", HOST, "--port", str(port), "--drain-grace-s", "0",
-                *args.lmroute_args]
+            cmds[f"lmroute@before {policy}"] = serve(
+                Path(args.before) / ".venv" / "bin" / "lmroute", policy)
     if args.compiled:  # the policies compiled by mypyc (make fast): that venv's entry point
-        exe = str(Path(args.compiled) / "bin" / "lmroute")
         for policy in args.compiled_policies:
-            cmds[f"lmroute {policy} (mypyc)"] = [
-                *pin, exe, "serve", *[a for b in backends for a in ("--backend", b)],
-                "--policy", policy, "--host", HOST, "--port", str(port), "--drain-grace-s", "0",
-                *args.lmroute_args]
+            cmds[f"lmroute {policy} (mypyc)"] = serve(Path(args.compiled) / "bin" / "lmroute",
+                                                       policy)
     for policy in args.workers_policies:  # N workers, all on the router core: CPU/request
         cmds[f"lmroute {policy} x{args.workers} workers"] = [
             *pin, sys.executable, "-m", "router.cli", "serve", *[a for b in backends
