@@ -279,12 +279,13 @@ class Locality(BasePolicy):
         # where other routers send too: a session new to us may be theirs, and the hash
         # order is the placement all routers agree on), then the session's rendezvous
         # order (``min`` is stable), never one replica's edge.
-        error = self.config.distrust * self.calibration.error()
+        cal = self.calibration
+        error = self.config.distrust * cal.error()
         # Before the model has shown its error it cannot tell candidates apart: the ties
         # widen to the worst error it accepts and narrow as replies show the real one.
-        cal = self.calibration
-        bound = low * (1 + self.config.tie_margin + self.config.distrust * (
-            cal.error_bound() if self.config.untrusted_ties else cal.error()))
+        tie_error = (self.config.distrust * cal.error_bound() if self.config.untrusted_ties
+                     else error)
+        bound = low * (1 + self.config.tie_margin + tie_error)
         tied = [r for r in candidates if scores[r.id] <= bound]
         if len(tied) > 1:
             # A prompt no candidate holds any of (that we know) goes by its anchor's order,
