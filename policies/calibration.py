@@ -20,7 +20,19 @@ with ``t_q`` in place of ``t_f`` for a request queued behind others of ours on `
   on ``observed / predicted ~ sum_i t_i * x_i / predicted`` (relative, so a 128k prefill
   does not outweigh everything else), forgetting factor ``forget``, each factor kept
   within ``max_term`` times of the warm-up scale; each variance of the estimate bounded without
-  breaking its covariance (``_bound_covariance``).
+  breaking its covariance (``_bound_covariance``). The prior's belief is weighed against
+  each reply by ``noise``, the scatter (standard deviation of ``log(observed /
+  predicted)``) of replies around a right model: the factors start with a standard
+  deviation of the warm-up scale (100 %), a reply is one measurement of variance
+  ``noise**2``. (An RLS started at ``p = s**2 * I`` assumes unit noise, a 100 % scatter:
+  a reply in which a term is a share ``w`` of the prediction then weighs ``w**2`` of the
+  prior's belief in that term's factor, so a request kind that is rare cannot teach its
+  cost.) On the vLLM pair a run sends a few recomputes among a hundred cache hits of one
+  size; the hits (log scatter 0.30) fix only the sum of the fixed and per-token terms,
+  and only the recomputes tell the two apart. At unit noise the fit ended predicting a
+  recompute at 0.18-0.20 s where the engine took 0.25-0.35 s (a hit 0.07 s), and copied
+  prefixes on that error; at ``noise`` 0.3 the same replies, replayed, end at 0.26 s, and
+  live 0.30 s (docs/locality.md, "A rare request teaches its cost").
 - ``P_r``, ``L_r``: one replica's deviation from the fleet (a slower card), learnt from
   the ``replica_warmup``-th observation on (replicas that serve different request mixes
   cannot tell "this replica is fast" from "this term is cheap", so the fleet's terms are
@@ -180,6 +192,7 @@ class Calibration:
     alone_min: float = 5.0
     min_var: float = 0.01
     batching: bool = True  # queued requests' own fixed factor (False: one for all, as before)
+    noise: float = 0.3  # a reply's log scatter around a right model (1: unit noise, as before)
     observations: int = 0
     term_scale: list[float] = field(default_factory=lambda: [1.0] * len(FACTOR_NAMES))
     log_prefill: dict[str, float] = field(default_factory=dict)
@@ -315,7 +328,7 @@ class Calibration:
                       queued: bool) -> None:
         if not self._cov:  # after warm-up: one scale known, each term's share free
             self._base = self.term_scale[0]
-            s2 = self._base ** 2
+            s2 = self._base ** 2 / self.noise ** 2  # the prior's variance, in replies' units
             n = len(FACTOR_NAMES)
             self._cov = [[s2 if i == j else 0.0 for j in range(n)] for i in range(n)]
         dev_pre, dev_load = self._scales.get(replica, _NO_DEVIATION)
@@ -328,7 +341,7 @@ class Calibration:
         for i, v in enumerate(self.term_scale):  # a term never excited must not drift,
             if not low <= v <= high:               # nor go negative
                 self.term_scale[i] = max(low, min(high, v))
-        _bound_covariance(self._cov, 4.0 * self._base ** 2)
+        _bound_covariance(self._cov, 4.0 * self._base ** 2 / self.noise ** 2)
 
     def _update_replica(self, kind: str, replica: str, share_load: float, r: float) -> None:
         evidence = self._evidence[kind]

@@ -139,7 +139,9 @@ class LocalityConfig:
     holds count the readers expected of the new prefixes placed lately, then the service,
     decayed with this time constant (0: off, the queues then the session's hash order);
     ``untrusted_ties``: the tie margin grows by ``Calibration.error_bound()`` (no evidence:
-    the worst error) instead of ``error()`` (no evidence: none)."""
+    the worst error) instead of ``error()`` (no evidence: none); ``noise``: a reply's log
+    scatter around a right model, by which calibration weighs its prior against each
+    reply (``Calibration``; 1: unit noise, the earlier fit)."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -162,6 +164,7 @@ class LocalityConfig:
     tie_work: bool = True
     new_balance_s: float = 60.0
     untrusted_ties: bool = True
+    noise: float = 0.3
 
 
 class _Dispatch(NamedTuple):
@@ -204,7 +207,7 @@ class Locality(BasePolicy):
         self.config = config or LocalityConfig()
         c = self.config
         self.calibration = Calibration(alpha=c.alpha, warmup=c.warmup, clip=c.clip,
-                                       batching=c.batching)
+                                       batching=c.batching, noise=c.noise)
         self._queues: dict[str, FifoQueue] = {}
         self._dispatches: dict[str, _Dispatch] = {}  # until observed at its first token
         self._service_mean: dict[str, float] = {}

@@ -178,3 +178,31 @@ def test_a_verdict_learnt_in_a_moment_of_contention_fades() -> None:
         cal.update("b" if i % 10 == 0 else "a", terms, work * rng.lognormvariate(0, 0.1))
     a, b = _deviations(cal)
     assert b / a == pytest.approx(1.0, abs=0.1)
+
+
+def _hits_and_rare_recomputes(noise: float) -> Calibration:
+    """120 replies like a run of the vLLM pair: cache hits of one size (320 new tokens
+    on a 1,500-token prefix) scattered by 30 % in log, and one recompute of the whole
+    prompt in every 15. The engine's fixed cost is 0.05x the prior's and its per-token
+    cost 1.4x: a hit about 0.07 s, a recompute about 0.3 s (4x; the prior says 1.6x)."""
+    rng = random.Random(3)
+    cal = Calibration(noise=noise)
+    factors = (0.05, 1.4, 1.0, 1.0)
+    hit, recompute = STUDY_PRIOR.terms(1_500, 320, 0), STUDY_PRIOR.terms(0, 1_820, 0)
+    for i in range(120):
+        terms, scatter = (recompute, 0.1) if i % 15 == 1 else (hit, 0.3)
+        cal.update("ab"[i % 2], terms, truth(terms, factors) * math.exp(rng.gauss(0, scatter)))
+    return cal
+
+
+def test_a_rare_request_kind_teaches_its_cost() -> None:
+    """The hits alone fix only the sum of the fixed and per-token terms; the eight
+    recomputes tell them apart, if the fit weighs a reply by its real scatter. At unit
+    noise (the earlier fit) the prior outweighed them: a recompute predicted about 1.5x
+    too cheap, which made copying a prefix look cheap."""
+    factors = (0.05, 1.4, 1.0, 1.0)
+    recompute = STUDY_PRIOR.terms(0, 1_820, 0)
+    cal = _hits_and_rare_recomputes(0.3)
+    assert predicted(cal, "a", recompute) == pytest.approx(truth(recompute, factors), rel=0.2)
+    unit = _hits_and_rare_recomputes(1.0)
+    assert predicted(unit, "a", recompute) < 0.75 * truth(recompute, factors)
