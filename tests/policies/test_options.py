@@ -49,3 +49,15 @@ def test_policy_options_and_settings_agree() -> None:
         registry.create("locality", {"stay_margin": "wide"})
     with pytest.raises(SettingsError, match="pool_write_through"):
         load_settings(env={"LMROUTE_POOL_WRITE_THROUGH": "maybe"})
+
+
+@pytest.mark.parametrize(("key", "raw"), [
+    ("noise", "0"), ("noise", "-0.3"), ("noise", "nan"), ("clip", "1"), ("alpha", "0"),
+    ("alpha", "1.5"), ("warmup", "0"),
+])
+def test_locality_refuses_values_its_calibration_cannot_use(key: str, raw: str) -> None:
+    """Each would fail later inside a reply's bookkeeping (noise 0 divides by zero at the
+    first reply after warm-up); the option is refused where it is set, by name."""
+    with pytest.raises(registry.BadPolicyOptions, match=key):
+        registry.create("locality", {key: raw})
+    assert registry.create("locality", {"noise": "1"}).describe()["config"]["noise"] == 1.0
