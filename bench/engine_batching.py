@@ -9,7 +9,10 @@ to the first body bytes is recorded, sorted per burst. Last, for each ``d`` in
 ``--decoding``, ``d`` requests with long replies (``--decode-tokens``) are started and,
 once they decode, one hit is sent alone: its time to first token with ``d`` sequences
 decoding on the engine (vLLM runs a new prompt's prefill in the same steps as the
-running sequences' decodes).
+running sequences' decodes). With ``--alone``, first: for each length in words, a prompt
+nothing is cached for sent alone (``max_tokens`` 1, not streamed, so the engine's count
+of its tokens comes back): the engine's prefill time against prompt length, which sets
+the load a workload of long prompts can be offered on this host at all.
 
 An engine that computes one prompt at a time answers a burst of ``k`` at 1x, 2x, ... kx
 one request's time; one that packs the prompts waiting when a step starts into that
@@ -19,7 +22,7 @@ rest together, about one step later. The gap between the two is what
 ``queued_fixed_share`` (the gauntlet's ``batched`` row) models.
 
     .venv/bin/python bench/engine_batching.py [--hits 1,2,4,8] [--misses 1,2,4]
-        [--reps 3] [--json out.json]
+        [--reps 3] [--alone 100,400,1000,1500] [--json out.json]
 
 Needs the vLLM CPU venv (``make vllm-venv``; ``LMROUTE_VLLM_PYTHON`` overrides it).
 Not part of CI; about 4 minutes (1 of them vLLM starting).
@@ -62,6 +65,9 @@ async def ttft(client: httpx.AsyncClient, url: str, prompt: str) -> float:
 async def bursts(url: str, args: argparse.Namespace) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     async with httpx.AsyncClient(timeout=120) as client:
+        for n in args.alone:
+            for rep in range(args.reps):
+                out.append(await _alone(client, url, n, rep))
         prefix = words(args.prefix_words, 1)
         for i in range(3):  # the prefix cached, the engine warm
             await ttft(client, url, f"{prefix} {words(args.suffix_words, 100 + i)}")
@@ -81,6 +87,18 @@ async def bursts(url: str, args: argparse.Namespace) -> list[dict[str, object]]:
             for rep in range(args.reps):
                 out.append(await _behind_decodes(client, url, prefix, d, rep, args))
     return out
+
+
+async def _alone(client: httpx.AsyncClient, url: str, n: int, rep: int) -> dict[str, object]:
+    """One prompt of ``n`` words, nothing of it cached, sent alone: its prefill time."""
+    body = {"model": MODEL_NAME, "prompt": words(n, 3_000_000 + 100 * n + rep), "max_tokens": 1}
+    started = time.perf_counter()
+    reply = await client.post(f"{url}/v1/completions", json=body)
+    reply.raise_for_status()
+    took = time.perf_counter() - started
+    tokens = int(reply.json()["usage"]["prompt_tokens"])
+    print(f"alone {tokens} tokens rep={rep}: {took * 1e3:.0f}", flush=True)
+    return {"kind": "alone", "k": 1, "rep": rep, "tokens": tokens, "ttft_ms": [took * 1e3]}
 
 
 async def _behind_decodes(client: httpx.AsyncClient, url: str, prefix: str, d: int, rep: int,
@@ -117,11 +135,14 @@ def main() -> None:
                     help="sequences decoding while one hit is sent (empty: skip)")
     ap.add_argument("--decode-tokens", type=int, default=160,
                     help="reply length of the decoding sequences")
+    ap.add_argument("--alone", default="",
+                    help="prompt lengths in words, each sent alone with nothing cached")
     ap.add_argument("--json", type=Path, help="write every burst's TTFTs here")
     args = ap.parse_args()
     args.hits = [int(x) for x in args.hits.split(",") if x]
     args.misses = [int(x) for x in args.misses.split(",") if x]
     args.decoding = [int(x) for x in args.decoding.split(",") if x]
+    args.alone = [int(x) for x in args.alone.split(",") if x]
     python = vllm_python()
     model = make_model(python, REPO / ".cache" / "e2e-model")
     server = VllmServer(python, model, PORT, f"tcp://*:{PORT + 1}", f"tcp://*:{PORT + 2}",
