@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
-from vllm_servers import MODEL_NAME, REPO, VllmServer, make_model, vllm_python
+from vllm_servers import MODEL_NAME, REPO, VllmServer, cpu_features, make_model, vllm_python
 
 PORT = 18431
 
@@ -154,7 +154,7 @@ def main() -> None:
         server.stop()
     if args.json:
         args.json.write_text(json.dumps({"engine": "vLLM (CPU), tiny Llama, core 0",
-                                         "bursts": results}, indent=1))
+                                         "cpu": cpu_features(), "bursts": results}, indent=1))
 
 
 if __name__ == "__main__":

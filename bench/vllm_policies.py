@@ -68,7 +68,7 @@ sys.path[:0] = [str(HERE.parent / "tests" / "e2e"), str(HERE.parent / "tests")]
 
 from servers import router  # noqa: E402
 from servers_redis import free_port  # noqa: E402
-from vllm_servers import MODEL_NAME, REPO, VllmServer, make_model, vllm_python  # noqa: E402
+from vllm_servers import MODEL_NAME, REPO, VllmServer, cpu_features, make_model, vllm_python  # noqa: E402
 
 POLICIES = ("locality", "prefix_affinity", "affinity_window", "load_aware", "least_loaded",
             "fixed")
@@ -325,7 +325,8 @@ def main() -> int:
     pinned = ("each engine's whole process tree on its own core" if args.pin_engines
               else "each engine's compute threads on its own core, the rest floating")
     doc = {"params": vars(args), "host": f"{os.cpu_count()} CPUs shared by both engines, "
-           f"the router and the client; {pinned}", "wall_s": round(time.perf_counter() - t0, 1),
+           f"the router and the client; {pinned}", "cpu": cpu_features(),
+           "wall_s": round(time.perf_counter() - t0, 1),
            "summary": summary, "runs": runs}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(doc, indent=1))

@@ -27,6 +27,29 @@ LOG_DIR = Path(os.environ.get("LMROUTE_TEST_LOGS", "/tmp/lmroute-test-logs"))
 MODEL_NAME = "tiny"
 
 
+# The CPU features vLLM's CPU kernels choose their paths by: with neither AVX-512 nor AMX,
+# the tiny model's bfloat16 prefill ran 10-25x slower per token than on the hosts of
+# earlier runs (docs/locality.md, "The engines are 10-25x slower per token on the later hosts").
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_features() -> dict[str, object]:
+    """The host CPU's model name and which of ``CPU_FLAGS`` it has (Linux's /proc/cpuinfo;
+    empty elsewhere), for a benchmark's record of where it ran."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    model, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not model:
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    return {"model": model, "flags": [f for f in CPU_FLAGS if f in flags]}
+
+
 def vllm_python() -> Path:
     return Path(os.environ.get("LMROUTE_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 
