@@ -206,10 +206,23 @@ class Calibration:
     _runs: dict[str, list[float]] = field(default_factory=dict)  # replica -> open FIFO run
     _cov: list[list[float]] = field(default_factory=list)
     _base: float = 1.0
+    _cov_cap: float = 4.0  # each variance's bound (``_bound_covariance``), set with ``_cov``
     # replica -> (exp(log_prefill), exp(log_load)), rebuilt with them (``_deviations``):
     # ``predict`` runs for every candidate of every decision, the deviations change
     # only when a reply teaches
     _scales: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A bad value would fail later, inside a reply's bookkeeping (a division by
+        # ``noise``, a log of ``clip``): say so where it is set (a policy option's error).
+        for name, low in (("noise", 0.0), ("clip", 1.0)):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > low):
+                raise ValueError(f"{name} must be finite and > {low:g}")
+        if not 0.0 < self.alpha <= 1.0:
+            raise ValueError("alpha must be in (0, 1]")
+        if self.warmup < 1:
+            raise ValueError("warmup must be >= 1")
 
     def predict(self, replica: str, terms: Terms, queued: bool = False) -> tuple[float, float]:
         """(pool load seconds, prefill seconds) on ``replica``, calibrated; ``queued``: the
@@ -329,6 +342,7 @@ class Calibration:
         if not self._cov:  # after warm-up: one scale known, each term's share free
             self._base = self.term_scale[0]
             s2 = self._base ** 2 / self.noise ** 2  # the prior's variance, in replies' units
+            self._cov_cap = 4.0 * self._base ** 2 / self.noise ** 2
             n = len(FACTOR_NAMES)
             self._cov = [[s2 if i == j else 0.0 for j in range(n)] for i in range(n)]
         dev_pre, dev_load = self._scales.get(replica, _NO_DEVIATION)
@@ -341,7 +355,7 @@ class Calibration:
         for i, v in enumerate(self.term_scale):  # a term never excited must not drift,
             if not low <= v <= high:               # nor go negative
                 self.term_scale[i] = max(low, min(high, v))
-        _bound_covariance(self._cov, 4.0 * self._base ** 2 / self.noise ** 2)
+        _bound_covariance(self._cov, self._cov_cap)
 
     def _update_replica(self, kind: str, replica: str, share_load: float, r: float) -> None:
         evidence = self._evidence[kind]

@@ -94,7 +94,6 @@ lesson waits for the reply's end, where that count is (``_Sample``). ``choose`` 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, NamedTuple
@@ -166,18 +165,6 @@ class LocalityConfig:
     new_balance_s: float = 60.0
     untrusted_ties: bool = True
     noise: float = 0.3
-
-    def __post_init__(self) -> None:
-        # A bad value would fail later, inside a reply's bookkeeping (a division by
-        # ``noise``, a log of ``clip``): say so where it is set.
-        for name, low in (("noise", 0.0), ("clip", 1.0)):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > low):
-                raise ValueError(f"{name} must be finite and > {low:g}")
-        if not 0.0 < self.alpha <= 1.0:
-            raise ValueError("alpha must be in (0, 1]")
-        if self.warmup < 1:
-            raise ValueError("warmup must be >= 1")
 
 
 class _Dispatch(NamedTuple):
