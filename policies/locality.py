@@ -43,10 +43,9 @@ sure, and towards balance where the kept replica holds nothing more) plus
 ``stay_margin_s``: a session never moves for nothing (with no pool, moving recomputes).
 
 Ties: replicas whose scores are within ``tie_margin`` (relative; widened, as the
-hysteresis is, by ``distrust`` x the model's running error, and by the error replies have
-not yet shown, two-sided: ``_unproven``) of the best are not told apart by a model made
-of estimates (deviations of identical replicas differ by 10-20 % from noise alone);
-among them those whose placement adds no work beyond the least win
+hysteresis is, by ``distrust`` x the model's running error) of the best are not told
+apart by a model made of estimates (deviations of identical replicas differ by 10-20 %
+from noise alone); among them those whose placement adds no work beyond the least win
 (``tie_work``: a copy's or a recompute's work is certain, the balance it buys is within
 the model's error; settled by the queues, ties copied each of the vLLM pair's 8 shared
 prefixes to both engines, hit rate 0.80 against 0.86), then the fewest of our requests
@@ -95,7 +94,6 @@ lesson waits for the reply's end, where that count is (``_Sample``). ``choose`` 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, NamedTuple
@@ -141,9 +139,7 @@ class LocalityConfig:
     holds count the readers expected of the new prefixes placed lately, then the service,
     decayed with this time constant (0: off, the queues then the session's hash order);
     ``untrusted_ties``: the tie margin grows by ``Calibration.error_bound()`` (no evidence:
-    the worst error) instead of ``error()`` (no evidence: none); ``untrusted_ratio``: the
-    part replies have not shown counts as a ratio of two scores, each that far off
-    (``_unproven``; off: added as it is); ``noise``: a reply's log
+    the worst error) instead of ``error()`` (no evidence: none); ``noise``: a reply's log
     scatter around a right model, by which calibration weighs its prior against each
     reply (``Calibration``; 1: unit noise, the earlier fit)."""
 
@@ -168,7 +164,6 @@ class LocalityConfig:
     tie_work: bool = True
     new_balance_s: float = 60.0
     untrusted_ties: bool = True
-    untrusted_ratio: bool = True
     noise: float = 0.3
 
 
@@ -287,8 +282,13 @@ class Locality(BasePolicy):
         # where other routers send too: a session new to us may be theirs, and the hash
         # order is the placement all routers agree on), then the session's rendezvous
         # order (``min`` is stable), never one replica's edge.
-        error = self.config.distrust * self.calibration.error()
-        bound = low * (1 + self.config.tie_margin + error + self._unproven())
+        cal = self.calibration
+        error = self.config.distrust * cal.error()
+        # Before the model has shown its error it cannot tell candidates apart: the ties
+        # widen to the worst error it accepts and narrow as replies show the real one.
+        tie_error = (self.config.distrust * cal.error_bound() if self.config.untrusted_ties
+                     else error)
+        bound = low * (1 + self.config.tie_margin + tie_error)
         tied = [r for r in candidates if scores[r.id] <= bound]
         if len(tied) > 1:
             # A prompt no candidate holds any of (that we know) goes by its anchor's order,
@@ -399,20 +399,6 @@ class Locality(BasePolicy):
             return (replica.id in adds, queued, 0 if foreign else replica.in_flight, 0.0)
         return (replica.id in adds, new.committed(replica.id, queued, now), replica.in_flight,
                 new.of(replica.id, now)[1])
-
-    def _unproven(self) -> float:
-        """What the tie band adds for the error replies have not yet shown (``choose``):
-        until calibration has evidence, every score may be off by the worst error it
-        accepts, ``u = distrust * (error_bound() - error())``, as a log ratio. Two scores
-        each off by up to ``u`` differ by up to ``exp(2u)`` (``untrusted_ratio``):
-        ``exp(2u) - 1``, 15 with no reply seen (clip 4), 0.3 by the tenth reply or so;
-        ``u`` itself without ``untrusted_ratio``; 0 without ``untrusted_ties``."""
-        c = self.config
-        if not c.untrusted_ties:
-            return 0.0
-        cal = self.calibration
-        u = c.distrust * (cal.error_bound() - cal.error())
-        return math.expm1(2 * u) if c.untrusted_ratio else u
 
     def _pending(self, replica: str) -> int:
         queue = self._queues.get(replica)
