@@ -33,6 +33,7 @@ COMPILED = [
     "policies/new_prefixes.py",
     "policies/hashing.py",
     "policies/copy_benefit.py",
+    "policies/copy_log.py",
 ]
 
 if os.environ.get("LMROUTE_MYPYC") == "1":

@@ -79,6 +79,8 @@ other routers' requests counts as its predicted service (its observed time holds
 Reasons: ``sticky`` (kept on the session's replica), ``gpu-hit`` / ``pool-hit`` / ``miss``
 (what the chosen replica will do), ``balance`` (not the replica holding the most cached
 tokens), ``failover`` (the session's replica is gone or failed this request).
+The last 16 copies (``balance``), with what each decision saw and the copy's own time to
+first token, are in ``describe()`` (``policies.copy_log``).
 
 Calibration (``policies.calibration``): each first token gives an observed service time,
 ``first token - max(its dispatch, r's previous first token)`` (FIFO), which updates the
@@ -101,6 +103,7 @@ from typing import Any, ClassVar, NamedTuple
 from policies import copy_benefit
 from policies.base import BasePolicy, Decision, Outcome, ReplicaView, RequestView
 from policies.calibration import Calibration, Stride, Terms
+from policies.copy_log import CopyLog
 from policies.cost import STUDY_PRIOR, CostParams, Estimate, split_tokens
 from policies.fifo_queue import FifoQueue
 from policies.hashing import rendezvous_rank
@@ -197,6 +200,7 @@ class _Memo(NamedTuple):
     version: int
     estimates: dict[str, Estimate]
     foreign: set[str]
+    scores: dict[str, float]
 
 
 class Locality(BasePolicy):
@@ -218,6 +222,7 @@ class Locality(BasePolicy):
         self._returning = Returning()
         self._memo: _Memo | None = None
         self._new = NewPrefixes(c.new_balance_s) if c.new_balance_s > 0 else None
+        self._copies = CopyLog()
         self._version = 0  # bumped by every state change: a memo of another state is stale
 
     # -- prediction -------------------------------------------------------------------
@@ -273,9 +278,10 @@ class Locality(BasePolicy):
             estimates[r.id] = self._estimate(request, r.id, min(r.waiting, others), terms_of, last)
             if others > 0:
                 foreign.add(r.id)
-        self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign)
         work = self._work(terms_of)
         scores = self._scores(request, estimates, work)
+        self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign,
+                           scores)
         low = min(scores.values())
         # Scores within tie_margin of the best are not told apart by a model made of
         # estimates: among them the fewest of our requests queued, then in flight (not
@@ -435,6 +441,12 @@ class Locality(BasePolicy):
                 and decision.replica in memo.estimates):
             est = memo.estimates[decision.replica]
             foreign = decision.replica in memo.foreign
+            if decision.reason == "balance":  # a copy: kept for ``GET /policy`` (``CopyLog``)
+                cal = self.calibration
+                self._copies.add(request.request_id, request.now, decision.replica,
+                                 memo.estimates, memo.scores,
+                                 {rid: self._pending(rid) for rid in memo.estimates},
+                                 cal.error(), cal.error_bound())
         else:  # a decision not made by this ``choose`` (a split's arm, a test)
             est = self._estimate(request, decision.replica, 0.0, {},
                                  self._sessions.last.get(request.session))
@@ -476,6 +488,7 @@ class Locality(BasePolicy):
                 self._learn(sample, outcome)
             return
         est, behind, foreign = dispatch
+        self._copies.observed(rid, outcome.ttft_s if outcome.ok else None)
         queue = self._queues[outcome.decision.replica]
         sent, _ = queue.pop(rid, (outcome.request.now, 0.0))
         if not outcome.ok or outcome.ttft_s is None:
@@ -548,4 +561,5 @@ class Locality(BasePolicy):
             "unexplained_replies": self.unexplained,
             "returning": self._returning.as_json(),
             "new_prefixes": None if self._new is None else self._new.as_json(),
+            "copies": self._copies.as_json(),
         }

@@ -1,0 +1,59 @@
+"""The last placements ``locality`` made away from the prefix's holder, and what they cost.
+
+A request sent to a replica that holds less of its prompt than another candidate (reason
+``balance``) recomputes, or loads, what the other holds: a copy. Copies are what the vLLM
+pair's prefix-cache hit rate loses to the affinity rules, and they are rare (a few a run),
+so a summary cannot say why each was made. This keeps the last ``size`` of them with what
+the decision saw, for ``GET /policy``: when (``at``, the request's clock), each
+candidate's predicted wait, service and score, its cached tokens and our requests queued
+on it, the model's running error and its bound; and, once its first token comes, the
+copy's own time to first token (``ttft_s``), beside which the holder's queue can be read.
+
+Cost: one dict built per copy, and one ``in`` test per first token while a copy waits
+for its own.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from policies.cost import Estimate
+
+
+class CopyLog:
+    """``size``: how many copies are kept (the oldest go first)."""
+
+    def __init__(self, size: int = 16) -> None:
+        self._entries: deque[dict[str, Any]] = deque(maxlen=size)
+        self._waiting: dict[str, dict[str, Any]] = {}  # request id -> its entry, until observed
+
+    def add(self, request_id: str, at: float, chosen: str, estimates: dict[str, Estimate],
+            scores: dict[str, float], pending: dict[str, int], error: float,
+            error_bound: float) -> None:
+        """Log one copy: ``estimates``/``scores``/``pending`` per candidate, as ``choose``
+        saw them."""
+        entry: dict[str, Any] = {
+            "at": round(at, 3), "request": request_id, "chosen": chosen,
+            "error": round(error, 4), "error_bound": round(error_bound, 4), "ttft_s": None,
+            "candidates": {rid: {"wait_s": round(e.wait_s, 4),
+                                 "service_s": round(e.load_s + e.prefill_s, 4),
+                                 "score": round(scores.get(rid, 0.0), 4),
+                                 "cached_tokens": e.gpu_tokens + e.pool_tokens,
+                                 "queued": pending.get(rid, 0)}
+                           for rid, e in estimates.items()},
+        }
+        if len(self._entries) == self._entries.maxlen:  # the oldest leaves: stop waiting on it
+            self._waiting.pop(self._entries[0]["request"], None)
+        self._entries.append(entry)
+        self._waiting[request_id] = entry
+
+    def observed(self, request_id: str, ttft_s: float | None) -> None:
+        """A first token (or a failure: ``None``) of ``request_id``, if it is a logged copy."""
+        if self._waiting:
+            entry = self._waiting.pop(request_id, None)
+            if entry is not None:
+                entry["ttft_s"] = None if ttft_s is None else round(ttft_s, 4)
+
+    def as_json(self) -> list[dict[str, Any]]:
+        return list(self._entries)
