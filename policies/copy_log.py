@@ -7,7 +7,8 @@ so a summary cannot say why each was made. This keeps the last ``size`` of them 
 the decision saw, for ``GET /policy``: when (``at``, the request's clock), each
 candidate's predicted wait, service and score, its cached tokens and our requests queued
 on it, the model's running error and its bound; and, once its first token comes, the
-copy's own time to first token (``ttft_s``), beside which the holder's queue can be read.
+copy's own time to first token (``ttft_s``; for a reply not streamed, its whole time, as
+``Outcome`` reports it), beside which the holder's queue can be read.
 
 Cost: one dict built per copy, and one ``in`` test per first token while a copy waits
 for its own.
