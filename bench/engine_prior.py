@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
+from policies.cost import load_prior
+
 
 def alone_points(doc: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """(prompt tokens, seconds) of every prompt an ``--alone`` run timed."""
@@ -69,9 +71,10 @@ def main() -> int:
     args.out.write_text(prior_text(args.out.stem, args.base, str(args.result), coef,
                                    doc.get("cpu")))
     print(f"fixed {coef[0]:.4g} s, per token {coef[1]:.4g} s, per token^2 {coef[2]:.4g} s")
+    prior = load_prior(args.out)  # the file as locality reads it, and its own prefill model
     for n in sorted(set(int(t) for t in tokens)):
         at = np.abs(tokens - n) < 0.5
-        model = coef[0] + coef[1] * n + coef[2] * n * n
+        model = prior.prefill_s(0, n)
         print(f"{n:6d} tokens: measured {seconds[at].mean():.3f} s, fitted {model:.3f} s")
     print(f"wrote {args.out}")
     return 0
