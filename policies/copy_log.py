@@ -1,14 +1,15 @@
 """The last placements ``locality`` made away from the prefix's holder, and what they cost.
 
 A request sent to a replica that holds less of its prompt than another candidate (reason
-``balance``) recomputes, or loads, what the other holds: a copy. Copies are what the vLLM
-pair's prefix-cache hit rate loses to the affinity rules, and they are rare (a few a run),
-so a summary cannot say why each was made. This keeps the last ``size`` of them with what
-the decision saw, for ``GET /policy``: when (``at``, the request's clock), each
-candidate's predicted wait, service and score, its cached tokens and our requests queued
-on it, the model's running error and its bound; and, once its first token comes, the
-copy's own time to first token (``ttft_s``; for a reply not streamed, its whole time, as
-``Outcome`` reports it), beside which the holder's queue can be read.
+``balance``) recomputes, or loads, what the other holds: a copy. Copies are what the
+vLLM pair's prefix-cache hit rate loses to the affinity rules, and they are rare (a few
+a run), so a summary cannot say why each was made. This keeps the last ``size`` of them
+with what the decision saw, for ``GET /policy``: when (``at``, the request's clock),
+each candidate's predicted wait, service and score, its cached tokens and our requests
+queued on it, the model's running error, its bound and its error behind our queue; and,
+once its first token comes, the copy's own time to first token (``ttft_s``; for a reply
+not streamed, its whole time, as ``Outcome`` reports it), beside which the holder's
+queue can be read.
 
 Cost: one dict built per copy, and one ``in`` test per first token while a copy waits
 for its own.
@@ -31,12 +32,14 @@ class CopyLog:
 
     def add(self, request_id: str, at: float, chosen: str, estimates: dict[str, Estimate],
             scores: dict[str, float], pending: dict[str, int], error: float,
-            error_bound: float) -> None:
+            error_bound: float, queued_error: float = 0.0) -> None:
         """Log one copy: ``estimates``/``scores``/``pending`` per candidate, as ``choose``
-        saw them."""
+        saw them; ``queued_error``: ``Locality.queued_error``, which sizes ties where our
+        requests queue."""
         entry: dict[str, Any] = {
             "at": round(at, 3), "request": request_id, "chosen": chosen,
-            "error": round(error, 4), "error_bound": round(error_bound, 4), "ttft_s": None,
+            "error": round(error, 4), "error_bound": round(error_bound, 4),
+            "queued_error": round(queued_error, 4), "ttft_s": None,
             "candidates": {rid: {"wait_s": round(e.wait_s, 4),
                                  "service_s": round(e.load_s + e.prefill_s, 4),
                                  "score": round(scores.get(rid, 0.0), 4),

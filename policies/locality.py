@@ -43,13 +43,16 @@ sure, and towards balance where the kept replica holds nothing more) plus
 ``stay_margin_s``: a session never moves for nothing (with no pool, moving recomputes).
 
 Ties: replicas whose scores are within ``tie_margin`` (relative; widened, as the
-hysteresis is, by ``distrust`` x the model's running error) of the best are not told
-apart by a model made of estimates (deviations of identical replicas differ by 10-20 %
-from noise alone); among them those whose placement adds no work beyond the least win
-(``tie_work``: a copy's or a recompute's work is certain, the balance it buys is within
-the model's error; settled by the queues, ties copied each of the vLLM pair's 8 shared
-prefixes to both engines, hit rate 0.80 against 0.86), then the fewest of our requests
-queued (for a prompt no candidate holds, and no other router's requests on them, plus
+hysteresis is, by ``distrust`` x the model's running error; where a candidate has our
+requests queued, by at least ``distrust`` x the running error of first tokens predicted
+behind our queue, ``queued_ties``: a wait misses more than a service, 0.45 against 0.29
+on the vLLM pair) of the best are not told apart by a model made of estimates
+(deviations of identical replicas differ by 10-20 % from noise alone); among them those
+whose placement adds no work beyond the least win (``tie_work``: a copy's or a
+recompute's work is certain, the balance it buys is within the model's error; settled by
+the queues, ties copied each of the vLLM pair's 8 shared prefixes to both engines, hit
+rate 0.80 against 0.86), then the fewest of our requests queued
+(for a prompt no candidate holds, and no other router's requests on them, plus
 the readers expected of the new prefixes placed on each lately: ``policies.new_prefixes``,
 ``new_balance_s`` its decay's time constant; at light load the queues are empty, and new
 prefixes placed by a hash land unevenly and keep their readers there:
@@ -96,6 +99,7 @@ lesson waits for the reply's end, where that count is (``_Sample``). ``choose`` 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, NamedTuple
@@ -144,7 +148,9 @@ class LocalityConfig:
     ``untrusted_ties``: the tie margin grows by ``Calibration.error_bound()`` (no evidence:
     the worst error) instead of ``error()`` (no evidence: none); ``noise``: a reply's log
     scatter around a right model, by which calibration weighs its prior against each
-    reply (``Calibration``; 1: unit noise, the earlier fit)."""
+    reply (``Calibration``; 1: unit noise, the earlier fit); ``queued_ties``: while a
+    candidate has our requests queued, the tie margin is at least ``distrust`` x the
+    running error of first tokens predicted behind our queue (``Locality.queued_error``)."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -168,6 +174,7 @@ class LocalityConfig:
     new_balance_s: float = 60.0
     untrusted_ties: bool = True
     noise: float = 0.3
+    queued_ties: bool = True
 
 
 class _Dispatch(NamedTuple):
@@ -223,6 +230,9 @@ class Locality(BasePolicy):
         self._memo: _Memo | None = None
         self._new = NewPrefixes(c.new_balance_s) if c.new_balance_s > 0 else None
         self._copies = CopyLog()
+        # EWMA (step 0.2) of |log(observed / predicted)| first token of requests sent
+        # behind our own queue: a wait is the prediction least sure of (``_queued_miss``)
+        self.queued_error = 0.0
         self._version = 0  # bumped by every state change: a memo of another state is stale
 
     # -- prediction -------------------------------------------------------------------
@@ -294,6 +304,11 @@ class Locality(BasePolicy):
         # widen to the worst error it accepts and narrow as replies show the real one.
         tie_error = (self.config.distrust * cal.error_bound() if self.config.untrusted_ties
                      else error)
+        # Where our requests queue, the prediction holds their wait, which misses more
+        # than a service does (an engine batches the prompts waiting; the vLLM pair's
+        # copies were made on gaps within that miss): ties there are sized by its error.
+        if self.config.queued_ties and any(self._pending(r.id) for r in candidates):
+            tie_error = max(tie_error, self.config.distrust * self.queued_error)
         bound = low * (1 + self.config.tie_margin + tie_error)
         tied = [r for r in candidates if scores[r.id] <= bound]
         if len(tied) > 1:
@@ -446,7 +461,7 @@ class Locality(BasePolicy):
                 self._copies.add(request.request_id, request.now, decision.replica,
                                  memo.estimates, memo.scores,
                                  {rid: self._pending(rid) for rid in memo.estimates},
-                                 cal.error(), cal.error_bound())
+                                 cal.error(), cal.error_bound(), self.queued_error)
         else:  # a decision not made by this ``choose`` (a split's arm, a test)
             est = self._estimate(request, decision.replica, 0.0, {},
                                  self._sessions.last.get(request.session))
@@ -489,6 +504,8 @@ class Locality(BasePolicy):
             return
         est, behind, foreign = dispatch
         self._copies.observed(rid, outcome.ttft_s if outcome.ok else None)
+        if behind and outcome.ok and outcome.ttft_s:
+            self._queued_miss(est.ttft_s, outcome.ttft_s)
         queue = self._queues[outcome.decision.replica]
         sent, _ = queue.pop(rid, (outcome.request.now, 0.0))
         if not outcome.ok or outcome.ttft_s is None:
@@ -541,6 +558,13 @@ class Locality(BasePolicy):
         # prefills answer together); calibration counts its run's total instead.
         self.calibration.update(est.replica, terms, sample.service, queued=sample.queued)
 
+    def _queued_miss(self, predicted_s: float, observed_s: float) -> None:
+        """Fold one first token sent behind our queue into ``queued_error`` (its log
+        miss clipped at ``log(clip)``, as calibration clips its own)."""
+        if predicted_s > 0:
+            miss = min(abs(math.log(observed_s / predicted_s)), math.log(self.config.clip))
+            self.queued_error += 0.2 * (miss - self.queued_error)
+
     def _teaches(self, replica: str, at: float) -> bool:
         """Whether this reply on ``replica`` teaches calibration (``Stride``)."""
         if self.config.calibration_rate <= 0:
@@ -559,6 +583,7 @@ class Locality(BasePolicy):
             "mean_service_s": dict(self._service_mean),
             "queued": {rid: len(q.pending) for rid, q in self._queues.items()},
             "unexplained_replies": self.unexplained,
+            "queued_error": self.queued_error,
             "returning": self._returning.as_json(),
             "new_prefixes": None if self._new is None else self._new.as_json(),
             "copies": self._copies.as_json(),

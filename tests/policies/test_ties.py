@@ -8,6 +8,7 @@ committed, the readers expected of the new prefixes placed lately counted
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from policies.base import Decision, Outcome, ReplicaView, RequestView, Residency
@@ -196,13 +197,14 @@ def test_a_request_with_no_prompt_prefix_teaches_nothing() -> None:
     assert policy.describe() == before
 
 
-def _copy_or_wait(policy: Locality) -> str:
-    """Two hits of ours queued on a, which holds a 1,536-token prefix; b idle. Where a
-    third hit goes (b: a copy, the prefix recomputed there)."""
-    for i in range(2):
-        view = req(f"q{i}", 1636, gpu={"a": BLOCKS}, session=f"s{i}")
+def _copy_or_wait(policy: Locality, queued: int = 2, now: float = 0.0) -> str:
+    """``queued`` hits of ours queued on a, which holds a 1,536-token prefix; b idle.
+    Where one more hit goes (b: a copy, the prefix recomputed there)."""
+    for i in range(queued):
+        view = req(f"q{i}", 1636, gpu={"a": BLOCKS}, session=f"s{i}", now=now)
         policy.dispatched(view, Decision("a", "gpu-hit"))
-    return policy.choose(req("x", 1636, gpu={"a": BLOCKS}, session="t"), reps("a", "b")).replica
+    view = req("x", 1636, gpu={"a": BLOCKS}, session="t", now=now)
+    return policy.choose(view, reps("a", "b")).replica
 
 
 def test_a_model_with_no_evidence_does_not_copy_on_the_priors_word() -> None:
@@ -224,3 +226,45 @@ def test_a_model_with_no_evidence_does_not_copy_on_the_priors_word() -> None:
                                at=i + service + 0.1, prompt_tokens=1636, cached_tokens=1536))
     assert taught.calibration.error_bound() < 0.05
     assert _copy_or_wait(taught) == "b"
+
+
+
+
+def _taught(config: LocalityConfig, batched: bool) -> Locality:
+    """A policy with ``config`` that has sent 10 pairs of hits together to a, the second
+    behind the first; each first token came as predicted, or (``batched``) the second's
+    with the first's, as from an engine that prefills the waiting prompts together (its
+    predicted wait and service missed by 2x)."""
+    policy = Locality(config)
+    a = reps("a")[0]
+    for i in range(10):
+        now = 10.0 * i
+        first, second = (req(f"p{i}{k}", 1636, gpu={"a": BLOCKS}, session=f"p{i}{k}", now=now)
+                         for k in "xy")
+        alone = policy.estimate(first, a).ttft_s
+        policy.dispatched(first, Decision("a", "gpu-hit"))
+        behind = policy.estimate(second, a).ttft_s  # its wait for ``first`` in it
+        policy.dispatched(second, Decision("a", "gpu-hit"))
+        for view, t in ((first, alone), (second, alone if batched else behind)):
+            policy.observe(Outcome(view, Decision("a", "gpu-hit"), True, ttft_s=t,
+                                   total_s=t + 0.1, at=now + t + 0.1, prompt_tokens=1636,
+                                   cached_tokens=1536))
+    return policy
+
+
+def test_waits_behind_our_queue_that_miss_widen_the_ties_where_we_queue() -> None:
+    """Calibration off and ties as wide as its (zero) error, the prior copies a prefix
+    away from a holder with one of ours queued (``_copy_or_wait``: a 1.2x score gap).
+    Where its predictions behind our queue have missed by 2x (``_taught``'s engine that
+    batches; the vLLM pair's copies were made on gaps within such misses), the same gap
+    is a tie, which keeps the prefix where it is; without ``queued_ties``, or where those
+    predictions were right, it copies."""
+    config = LocalityConfig(calibrate=False, untrusted_ties=False)
+    missed = _taught(config, batched=True)
+    assert 0.5 < missed.describe()["queued_error"] < math.log(2)  # an EWMA of log 2's
+    assert _copy_or_wait(missed, queued=1, now=300.0) == "a"
+    unsized = _taught(replace(config, queued_ties=False), batched=True)
+    assert _copy_or_wait(unsized, queued=1, now=300.0) == "b"
+    right = _taught(config, batched=False)
+    assert right.describe()["queued_error"] < 1e-9
+    assert _copy_or_wait(right, queued=1, now=300.0) == "b"
