@@ -197,14 +197,16 @@ def test_a_request_with_no_prompt_prefix_teaches_nothing() -> None:
     assert policy.describe() == before
 
 
-def _copy_or_wait(policy: Locality, queued: int = 2, now: float = 0.0) -> str:
-    """``queued`` hits of ours queued on a, which holds a 1,536-token prefix; b idle.
-    Where one more hit goes (b: a copy, the prefix recomputed there)."""
+def _copy_or_wait(policy: Locality, queued: int = 2, now: float = 0.0,
+                  b: ReplicaView | None = None) -> str:
+    """``queued`` hits of ours queued on a, which holds a 1,536-token prefix; b (idle
+    unless given) holds none. Where one more hit goes (b: a copy, the prefix recomputed
+    there)."""
     for i in range(queued):
         view = req(f"q{i}", 1636, gpu={"a": BLOCKS}, session=f"s{i}", now=now)
         policy.dispatched(view, Decision("a", "gpu-hit"))
     view = req("x", 1636, gpu={"a": BLOCKS}, session="t", now=now)
-    return policy.choose(view, reps("a", "b")).replica
+    return policy.choose(view, [reps("a")[0], b or reps("b")[0]]).replica
 
 
 def test_a_model_with_no_evidence_does_not_copy_on_the_priors_word() -> None:
@@ -268,3 +270,7 @@ def test_waits_behind_our_queue_that_miss_widen_the_ties_where_we_queue() -> Non
     right = _taught(config, batched=False)
     assert right.describe()["queued_error"] < 1e-9
     assert _copy_or_wait(right, queued=1, now=300.0) == "b"
+    # Another router's request running on b: our queue is not the engine's there, and
+    # ties among routers go by the hash order; the error behind our queue sizes nothing.
+    shared = ReplicaView(id="b", url="b", running=1.0)
+    assert _copy_or_wait(_taught(config, batched=True), queued=1, now=300.0, b=shared) == "b"
