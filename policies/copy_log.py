@@ -6,10 +6,10 @@ vLLM pair's prefix-cache hit rate loses to the affinity rules, and they are rare
 a run), so a summary cannot say why each was made. This keeps the last ``size`` of them
 with what the decision saw, for ``GET /policy``: when (``at``, the request's clock),
 each candidate's predicted wait, service and score, its cached tokens and our requests
-queued on it, the model's running error, its bound and its error behind our queue; and,
-once its first token comes, the copy's own time to first token (``ttft_s``; for a reply
-not streamed, its whole time, as ``Outcome`` reports it), beside which the holder's
-queue can be read.
+queued on it, the model's running error, its bound, its error behind our queue and
+calibration's term factors; and, once its first token comes, the copy's own time to
+first token (``ttft_s``; for a reply not streamed, its whole time, as ``Outcome``
+reports it), beside which the holder's queue can be read.
 
 Cost: one dict built per copy, and one ``in`` test per first token while a copy waits
 for its own.
@@ -32,14 +32,18 @@ class CopyLog:
 
     def add(self, request_id: str, at: float, chosen: str, estimates: dict[str, Estimate],
             scores: dict[str, float], pending: dict[str, int], error: float,
-            error_bound: float, queued_error: float = 0.0) -> None:
+            error_bound: float, queued_error: float = 0.0,
+            factors: dict[str, float] | None = None) -> None:
         """Log one copy: ``estimates``/``scores``/``pending`` per candidate, as ``choose``
         saw them; ``queued_error``: ``Locality.queued_error``, which sizes ties where our
-        requests queue."""
+        requests queue; ``factors``: calibration's term factors then (a queued request's
+        service is predicted with its own fixed factor, an unqueued one's with the
+        other)."""
         entry: dict[str, Any] = {
             "at": round(at, 3), "request": request_id, "chosen": chosen,
             "error": round(error, 4), "error_bound": round(error_bound, 4),
             "queued_error": round(queued_error, 4), "ttft_s": None,
+            "factors": {k: round(v, 4) for k, v in (factors or {}).items()},
             "candidates": {rid: {"wait_s": round(e.wait_s, 4),
                                  "service_s": round(e.load_s + e.prefill_s, 4),
                                  "score": round(scores.get(rid, 0.0), 4),

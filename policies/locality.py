@@ -106,7 +106,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from policies import copy_benefit
 from policies.base import BasePolicy, Decision, Outcome, ReplicaView, RequestView
-from policies.calibration import Calibration, Stride, Terms
+from policies.calibration import FACTOR_NAMES, Calibration, Stride, Terms
 from policies.copy_log import CopyLog
 from policies.cost import STUDY_PRIOR, CostParams, Estimate, split_tokens
 from policies.fifo_queue import FifoQueue
@@ -467,7 +467,8 @@ class Locality(BasePolicy):
                 self._copies.add(request.request_id, request.now, decision.replica,
                                  memo.estimates, memo.scores,
                                  {rid: self._pending(rid) for rid in memo.estimates},
-                                 cal.error(), cal.error_bound(), self.queued_error)
+                                 cal.error(), cal.error_bound(), self.queued_error,
+                                 dict(zip(FACTOR_NAMES, cal.term_scale, strict=True)))
         else:  # a decision not made by this ``choose`` (a split's arm, a test)
             est = self._estimate(request, decision.replica, 0.0, {},
                                  self._sessions.last.get(request.session))

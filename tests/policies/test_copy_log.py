@@ -41,6 +41,10 @@ def test_a_copy_is_logged_with_what_it_was_decided_on_and_its_own_time() -> None
     assert b["score"] < a["score"] and a["wait_s"] > 0 == b["wait_s"]
     assert b["service_s"] > a["service_s"]  # the copy computes the prefix again
     assert entry["ttft_s"] is None
+    # Calibration's factors as the decision saw them (a queued prediction uses its own).
+    assert entry["factors"] == {k: round(v, 4) for k, v in
+                                policy.describe()["calibration"]["term_scale"].items()}
+    assert set(entry["factors"]) >= {"fixed", "queued_fixed"}
     view = _req("x", gpu={"a": BLOCKS}, session="t", now=0.01)
     policy.observe(Outcome(view, copy, True, ttft_s=0.42, at=0.43, phase="first_token"))
     assert policy.describe()["copies"][0]["ttft_s"] == 0.42
