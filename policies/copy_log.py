@@ -35,10 +35,10 @@ class CopyLog:
             error_bound: float, queued_error: float = 0.0,
             factors: dict[str, float] | None = None) -> None:
         """Log one copy: ``estimates``/``scores``/``pending`` per candidate, as ``choose``
-        saw them; ``queued_error``: ``Locality.queued_error``, which sizes ties where our
-        requests queue; ``factors``: calibration's term factors then (a queued request's
-        service is predicted with its own fixed factor, an unqueued one's with the
-        other)."""
+        saw them; ``queued_error``: ``Locality.queued_error``, the running error of
+        predictions behind our queue; ``factors``: calibration's term factors then (a
+        queued request's service is predicted with its own fixed factor, an unqueued
+        one's with the other)."""
         entry: dict[str, Any] = {
             "at": round(at, 3), "request": request_id, "chosen": chosen,
             "error": round(error, 4), "error_bound": round(error_bound, 4),

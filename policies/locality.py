@@ -43,12 +43,9 @@ sure, and towards balance where the kept replica holds nothing more) plus
 ``stay_margin_s``: a session never moves for nothing (with no pool, moving recomputes).
 
 Ties: replicas whose scores are within ``tie_margin`` (relative; widened, as the
-hysteresis is, by ``distrust`` x the model's running error; where a candidate has our
-requests queued, by at least ``distrust`` x the running error of first tokens predicted
-behind our queue, ``queued_ties``: a wait misses more than a service, 0.45 against 0.29
-on the vLLM pair; not where other routers' requests are) of the best are not told apart
-by a model made of estimates (deviations of identical replicas differ by 10-20 % from
-noise alone); among them those whose placement adds no work beyond the least win
+hysteresis is, by ``distrust`` x the model's running error) of the best are not told
+apart by a model made of estimates (deviations of identical replicas differ by 10-20 %
+from noise alone); among them those whose placement adds no work beyond the least win
 (``tie_work``: a copy's or a recompute's work is certain, the balance it buys is within
 the model's error; settled by the queues, ties copied each of the vLLM pair's 8 shared
 prefixes to both engines, hit rate 0.80 against 0.86), then the fewest of our requests
@@ -148,10 +145,7 @@ class LocalityConfig:
     ``untrusted_ties``: the tie margin grows by ``Calibration.error_bound()`` (no evidence:
     the worst error) instead of ``error()`` (no evidence: none); ``noise``: a reply's log
     scatter around a right model, by which calibration weighs its prior against each
-    reply (``Calibration``; 1: unit noise, the earlier fit); ``queued_ties``: while a
-    candidate has our requests queued, the tie margin is at least ``distrust`` x the
-    running error of first tokens predicted behind our queue (``Locality.queued_error``;
-    not where an engine holds other routers' requests)."""
+    reply (``Calibration``; 1: unit noise, the earlier fit)."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -175,7 +169,6 @@ class LocalityConfig:
     new_balance_s: float = 60.0
     untrusted_ties: bool = True
     noise: float = 0.3
-    queued_ties: bool = True
 
 
 class _Dispatch(NamedTuple):
@@ -232,8 +225,10 @@ class Locality(BasePolicy):
         self._new = NewPrefixes(c.new_balance_s) if c.new_balance_s > 0 else None
         self._copies = CopyLog()
         # EWMA (step 0.2) of |log(observed / predicted)| first token of requests sent
-        # behind our own queue, on an engine holding no other router's requests: a wait
-        # is the prediction least sure of (``_queued_miss``)
+        # behind our own queue, on an engine holding no other router's requests
+        # (``_queued_miss``): for ``GET /policy`` and the copies logged, beside the
+        # running error of services; ties sized by it were tried and not kept
+        # (docs/locality.md, "Ties sized by the error behind our queue")
         self.queued_error = 0.0
         self._version = 0  # bumped by every state change: a memo of another state is stale
 
@@ -306,15 +301,6 @@ class Locality(BasePolicy):
         # widen to the worst error it accepts and narrow as replies show the real one.
         tie_error = (self.config.distrust * cal.error_bound() if self.config.untrusted_ties
                      else error)
-        # Where our requests queue, the prediction holds their wait, which misses more
-        # than a service does (an engine batches the prompts waiting; the vLLM pair's
-        # copies were made on gaps within that miss): ties there are sized by its error.
-        # Not where other routers' requests are: our queue is not the engine's there, and
-        # wider ties among several routers go by the hash order (``agents``, 4 routers at
-        # half the knee: p90 0.87x -> 0.93x the best other's with them).
-        if (self.config.queued_ties and not foreign
-                and any(self._pending(r.id) for r in candidates)):
-            tie_error = max(tie_error, self.config.distrust * self.queued_error)
         bound = low * (1 + self.config.tie_margin + tie_error)
         tied = [r for r in candidates if scores[r.id] <= bound]
         if len(tied) > 1:
