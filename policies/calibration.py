@@ -237,6 +237,10 @@ class Calibration:
         placement causes, whichever replica does it (no replica's deviation)."""
         return self._fleet(terms)[1]
 
+    def factors(self) -> dict[str, float]:
+        """The term factors by name (``FACTOR_NAMES``), as ``GET /policy`` shows them."""
+        return dict(zip(FACTOR_NAMES, self.term_scale, strict=True))
+
     def fleet_scale(self) -> float:
         """One number for dashboards: the geometric mean of the term factors."""
         return math.exp(sum(math.log(v) for v in self.term_scale[:4]) / 4)
@@ -421,7 +425,7 @@ class Calibration:
         return {"fleet_scale": self.fleet_scale(), "observations": self.observations,
                 "prediction_error": self.abs_error,
                 "error_bound": self.error_bound(),
-                "term_scale": dict(zip(FACTOR_NAMES, self.term_scale, strict=True)),
+                "term_scale": self.factors(),
                 "queued_fixed_share": self.queued_fixed_share(),
                 "replicas": {rid: {"prefill_deviation": math.exp(self.log_prefill.get(rid, 0.0)),
                                    "load_deviation": math.exp(self.log_load.get(rid, 0.0)),

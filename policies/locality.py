@@ -103,7 +103,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from policies import copy_benefit
 from policies.base import BasePolicy, Decision, Outcome, ReplicaView, RequestView
-from policies.calibration import FACTOR_NAMES, Calibration, Stride, Terms
+from policies.calibration import Calibration, Stride, Terms
 from policies.copy_log import CopyLog
 from policies.cost import STUDY_PRIOR, CostParams, Estimate, split_tokens
 from policies.fifo_queue import FifoQueue
@@ -454,7 +454,7 @@ class Locality(BasePolicy):
                                  memo.estimates, memo.scores,
                                  {rid: self._pending(rid) for rid in memo.estimates},
                                  cal.error(), cal.error_bound(), self.queued_error,
-                                 dict(zip(FACTOR_NAMES, cal.term_scale, strict=True)))
+                                 cal.factors())
         else:  # a decision not made by this ``choose`` (a split's arm, a test)
             est = self._estimate(request, decision.replica, 0.0, {},
                                  self._sessions.last.get(request.session))

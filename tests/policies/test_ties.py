@@ -228,23 +228,22 @@ def test_a_model_with_no_evidence_does_not_copy_on_the_priors_word() -> None:
     assert _copy_or_wait(taught) == "b"
 
 
-
-
-def _taught(config: LocalityConfig, batched: bool) -> Locality:
-    """A policy with ``config`` that has sent 10 pairs of hits together to a, the second
-    behind the first; each first token came as predicted, or (``batched``) the second's
-    with the first's, as from an engine that prefills the waiting prompts together (its
-    predicted wait and service missed by 2x)."""
+def _taught(config: LocalityConfig, batched: bool,
+            a: ReplicaView | None = None) -> Locality:
+    """A policy with ``config`` that has sent 10 pairs of hits together to ``a`` (the
+    engine as scraped), the second behind the first; each first token came as
+    predicted, or (``batched``) the second's with the first's, as from an engine that
+    prefills the waiting prompts together (its predicted wait and service missed by 2x)."""
     policy = Locality(config)
-    a = reps("a")[0]
+    a = a or reps("a")[0]
     for i in range(10):
         now = 10.0 * i
         first, second = (req(f"p{i}{k}", 1636, gpu={"a": BLOCKS}, session=f"p{i}{k}", now=now)
                          for k in "xy")
         alone = policy.estimate(first, a).ttft_s
-        policy.dispatched(first, Decision("a", "gpu-hit"))
+        policy.dispatched(first, policy.choose(first, [a]))
         behind = policy.estimate(second, a).ttft_s  # its wait for ``first`` in it
-        policy.dispatched(second, Decision("a", "gpu-hit"))
+        policy.dispatched(second, policy.choose(second, [a]))
         for view, t in ((first, alone), (second, alone if batched else behind)):
             policy.observe(Outcome(view, Decision("a", "gpu-hit"), True, ttft_s=t,
                                    total_s=t + 0.1, at=now + t + 0.1, prompt_tokens=1636,
@@ -265,15 +264,6 @@ def test_the_error_behind_our_queue_is_measured_where_only_our_requests_queue() 
     assert _copy_or_wait(missed, queued=1, now=300.0) == "b"
     right = _taught(config, batched=False)
     assert right.describe()["queued_error"] < 1e-9
-    shared = Locality(config)  # the same pairs on an engine with another router's request
-    a = ReplicaView(id="a", url="a", running=1.0)
-    for i in range(10):
-        first, second = (req(f"p{i}{k}", 1636, gpu={"a": BLOCKS}, session=f"p{i}{k}",
-                             now=10.0 * i) for k in "xy")
-        for view in (first, second):
-            shared.dispatched(view, shared.choose(view, [a]))
-        for view in (first, second):
-            shared.observe(Outcome(view, Decision("a", "gpu-hit"), True, ttft_s=0.1,
-                                   total_s=0.2, at=10.0 * i + 0.2, prompt_tokens=1636,
-                                   cached_tokens=1536))
+    # The same pairs on an engine running another router's request.
+    shared = _taught(config, batched=True, a=ReplicaView(id="a", url="a", running=1.0))
     assert shared.describe()["queued_error"] == 0.0
