@@ -104,6 +104,17 @@ term's: each stays where warm-up put it (and its variance is bounded,
 ``_bound_covariance``). ``batching=False`` (``locality@batching=false``) keeps one fixed
 factor for both, as before.
 
+*Bounded for decisions* (``queued_bound``, default on). ``predict`` charges a queued
+request at most the unqueued fixed factor; the fit (``fitted``) keeps the factor as
+learnt, and ``queued_fixed_share`` shows it. Sharing a step can make a prompt's fixed
+cost smaller, never larger: a queued factor above the unqueued one is waiting the queue
+model did not predict, absorbed as service, and it tilts every choice between a holder
+with a queue and an idle replica towards a copy. On the vLLM pair it stood at 10x and
+23x the unqueued one when set 453's two copies were made (a hit queued behind one
+request predicted as dear as a recompute alone), and the two ended that run equal
+(docs/locality.md). The fit reads its own prediction: fed the bounded one, queued
+residuals would look larger still and wind the factor up.
+
 Residuals are clipped to ``+-log(clip)``, so one outlier moves little, and always use the
 current factors, not the ones of the prediction made at dispatch: with a long queue many
 requests are in flight between a prediction and its observation, and correcting each
@@ -192,6 +203,7 @@ class Calibration:
     alone_min: float = 5.0
     min_var: float = 0.01
     batching: bool = True  # queued requests' own fixed factor (False: one for all, as before)
+    queued_bound: bool = True  # ``predict`` charges at most the unqueued fixed factor
     noise: float = 0.3  # a reply's log scatter around a right model (1: unit noise, as before)
     observations: int = 0
     term_scale: list[float] = field(default_factory=lambda: [1.0] * len(FACTOR_NAMES))
@@ -229,8 +241,21 @@ class Calibration:
         request will wait behind others of ours there (its fixed term's own factor)."""
         t = self.term_scale
         pre, load = self._scales.get(replica, _NO_DEVIATION)
-        fixed = t[QUEUED_FIXED] if queued and self.batching else t[0]  # ``_fixed``, inline
+        # Batching can only share a step's fixed cost: a queued factor above the unqueued
+        # one is waiting the queue model missed, and is not charged to a queued request
+        # (module docstring, "Bounded for decisions").
+        fixed = t[0]
+        if queued and self.batching:
+            fixed = min(t[QUEUED_FIXED], fixed) if self.queued_bound else t[QUEUED_FIXED]
         return t[3] * terms[3] * load, (fixed * terms[0] + t[1] * terms[1] + t[2] * terms[2]) * pre
+
+    def fitted(self, replica: str, terms: Terms, queued: bool) -> float:
+        """The fit's own prediction of service seconds: ``predict`` without its bound on
+        the queued fixed factor, so the fit sees its residuals as they are."""
+        t = self.term_scale
+        pre, load = self._scales.get(replica, _NO_DEVIATION)
+        fixed = t[self._fixed(queued)]
+        return t[3] * terms[3] * load + (fixed * terms[0] + t[1] * terms[1] + t[2] * terms[2]) * pre
 
     def work(self, terms: Terms) -> float:
         """Seconds of service the fleet's typical replica needs for ``terms``: the work a
@@ -274,8 +299,7 @@ class Calibration:
         """Fold one observed service time in; returns the log residual it carried.
         ``queued``: it waited behind others of ours on ``replica`` (its time may be 0: an
         engine that batches answers a run of queued requests together)."""
-        load, prefill = self.predict(replica, terms, queued)
-        service = load + prefill
+        service = self.fitted(replica, terms, queued)
         if service <= 0 or observed_s < 0 or (observed_s == 0 and not queued):
             return None
         r = (self._update_fleet(replica, terms, service, observed_s, queued) if observed_s > 0

@@ -17,6 +17,9 @@ load-aware count, ``q(r)``): a fleet with queues everywhere has no spare time fo
 to use, and a copy made there is paid by everyone queued. The score never goes lower
 than r's as a holder: its wait plus the holder's service, with the same load-aware
 charge. A session's own context has no other readers, so its moves are priced as before.
+``locality`` counts the benefit only once calibration's warm-up has ended
+(``benefit_after_warmup``): before its first replies the model is the prior, and the
+benefit multiplies its error by the readers.
 
 Why: without it, with no pool a hot document was copied only once its holder's queue was
 longer than the copy's own prefill (the gauntlet's ``docqa`` without a pool: copies at

@@ -130,6 +130,8 @@ class LocalityConfig:
     ``alpha``/``warmup``/``clip``: see ``Calibration``; ``shared_copies``: the extra-work
     charge is divided by 1 + the readers of the prefix it copies (``Residency.readers``);
     ``copy_benefit``: weight of a copy's benefit to the prefix's readers (0: off);
+    ``benefit_after_warmup``: that benefit counts only once calibration's warm-up has
+    ended (before it, every copy on the vLLM pair came from the benefit);
     ``calibration_rate``: replies per second per replica that teach calibration, beyond
     which one in every k does (``Stride``; 0: every reply); ``split_tolerance``: a reply
     whose engine-reported cached share of the prompt is further than this (plus one
@@ -138,7 +140,9 @@ class LocalityConfig:
     ties of a prompt no candidate holds go by its prefix's order (``RequestView.anchor``);
     ``batching``: a request queued behind others of ours has its own calibrated fixed
     term (``Calibration``'s ``queued_fixed`` factor: an engine that batches waiting
-    prompts); off, one fixed factor serves both; ``tie_work``: among ties, those adding
+    prompts); off, one fixed factor serves both; ``queued_bound``: a decision charges a
+    queued request at most the unqueued fixed factor (``Calibration``, "Bounded for
+    decisions"); ``tie_work``: among ties, those adding
     no work beyond the least win first; ``new_balance_s``: ties of a prompt no candidate
     holds count the readers expected of the new prefixes placed lately, then the service,
     decayed with this time constant (0: off, the queues then the session's hash order);
@@ -160,11 +164,13 @@ class LocalityConfig:
     clip: float = 4.0
     shared_copies: bool = True
     copy_benefit: float = 1.0
+    benefit_after_warmup: bool = True
     calibration_rate: float = 100.0
     split_tolerance: float = 0.1
     returning: float = 1.0
     anchored: bool = True
     batching: bool = True
+    queued_bound: bool = True
     tie_work: bool = True
     new_balance_s: float = 60.0
     untrusted_ties: bool = True
@@ -212,7 +218,8 @@ class Locality(BasePolicy):
         self.config = config or LocalityConfig()
         c = self.config
         self.calibration = Calibration(alpha=c.alpha, warmup=c.warmup, clip=c.clip,
-                                       batching=c.batching, noise=c.noise)
+                                       batching=c.batching, queued_bound=c.queued_bound,
+                                       noise=c.noise)
         self._queues: dict[str, FifoQueue] = {}
         self._dispatches: dict[str, _Dispatch] = {}  # until observed at its first token
         self._service_mean: dict[str, float] = {}
@@ -382,11 +389,19 @@ class Locality(BasePolicy):
                 score += extra_w * (work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens]
                                     - least_work)
             scores[rid] = score + w * queued * service
-        if request.residency.readers:  # a copy would serve others too
+        if request.residency.readers and self._benefit_trusted():  # serves others too
             copy_benefit.apply(scores, estimates, request.residency.readers,
                                weight=self.config.copy_benefit, work_weight=w,
                                mean_service=mean_service)
         return scores
+
+    def _benefit_trusted(self) -> bool:
+        """Whether a copy's benefit counts (``benefit_after_warmup``): the benefit is the
+        model's prediction of the readers' waits, times their count, so a model with no
+        replies yet (the prior's own ratios) would have its error multiplied by it."""
+        c = self.calibration
+        return (not self.config.benefit_after_warmup or not self.config.calibrate
+                or c.observations > c.warmup)
 
     def _adds_work(self, request: RequestView, estimates: dict[str, Estimate],
                    work: tuple[dict[tuple[int, int, int], float], float] | None) -> set[str]:

@@ -145,6 +145,31 @@ def test_an_engine_that_batches_queued_prompts_is_learnt_from_its_replies() -> N
     assert predicted(fifo, "a", terms) == pytest.approx(truth(terms), rel=0.05)
 
 
+def test_a_queued_request_is_never_charged_more_fixed_cost_than_one_alone() -> None:
+    """Replies queued behind ours come back 3x what the fit predicts of them (waiting the
+    queue model missed, as on the vLLM pair mid-run): the fit learns a queued fixed factor
+    well above the unqueued one and shows it, but a decision is charged at most the
+    unqueued factor, so a hit behind one request is never predicted dearer than the
+    same hit served alone (set 453's copies on the pair)."""
+    rng = random.Random(3)
+    cal = Calibration()
+    for _ in range(300):
+        terms = STUDY_PRIOR.terms(1500, rng.randrange(50, 150), 0)
+        cal.update("a", terms, truth(terms, (1, 1, 1, 1)) * rng.lognormvariate(0, 0.1))
+        queued = truth(terms, (3.0, 1, 1, 1))
+        cal.update("a", terms, queued * rng.lognormvariate(0, 0.1), queued=True)
+    assert cal.queued_fixed_share() > 2.0  # the fit keeps what it learnt
+    terms = STUDY_PRIOR.terms(1500, 100, 0)
+    assert sum(cal.predict("a", terms, queued=True)) == pytest.approx(
+        sum(cal.predict("a", terms)), rel=1e-9)
+    # The bound changes no fit: the unqueued prediction is still right.
+    assert predicted(cal, "a", terms) == pytest.approx(truth(terms), rel=0.05)
+    cal.queued_bound = False  # ``locality@queued_bound=false``: the factor as learnt
+    assert sum(cal.predict("a", terms, queued=True)) == pytest.approx(
+        cal.fitted("a", terms, queued=True), rel=1e-9)
+    assert cal.fitted("a", terms, queued=True) > 1.5 * sum(cal.predict("a", terms))
+
+
 def test_a_truly_slower_replica_is_still_learnt() -> None:
     """b is a card 2x slower, served FIFO one request at a time (queued requests' times
     are their own): learnt from runs of queued requests and under noise alike."""

@@ -385,18 +385,22 @@ def test_a_hot_document_is_copied_before_its_holder_waits_longer_than_the_copy()
     in flight the copy also serves those to come (``copy_benefit``) and b takes it; with
     4 the copy scores within the tie margin of waiting, and a tie adds no work
     (``tie_work``; settled by the queues, b took it); without the benefit the shared
-    copy alone waits for a deeper queue on a."""
+    copy alone waits for a deeper queue on a. These policies have had no reply: the
+    benefit is counted before warm-up here (``benefit_after_warmup=False``); by default
+    it is not, and the 8 readers' copy is not made (the vLLM pair's warm-up copies)."""
     policy = Locality()
     now = _deep_queues(policy, 2, 0)
     question = req("x", 33_000, gpu={"a": 32_768 // BT}, now=now, session="new")
     assert policy.estimate(question, reps("a")[0]).wait_s < 3.0
     assert policy.estimate(question, reps("b")[0]).ttft_s > 5.0
     chosen = {(readers, benefit): _document_question(
-        LocalityConfig(copy_benefit=benefit), 2, readers)
+        LocalityConfig(copy_benefit=benefit, benefit_after_warmup=False), 2, readers)
         for readers in (0, 1, 4, 8) for benefit in (0.0, 1.0)}
     assert chosen == {(0, 0.0): "a", (1, 0.0): "a", (4, 0.0): "a", (8, 0.0): "a",
                       (0, 1.0): "a", (1, 1.0): "a", (4, 1.0): "a", (8, 1.0): "b"}
-    assert _document_question(LocalityConfig(tie_work=False), 2, 4) == "b"
+    assert _document_question(LocalityConfig(tie_work=False, benefit_after_warmup=False),
+                              2, 4) == "b"
+    assert _document_question(LocalityConfig(), 2, 8) == "a"
 
 
 def test_a_reply_slowed_by_another_routers_requests_teaches_calibration_nothing() -> None:
@@ -485,9 +489,10 @@ def test_at_thousands_of_replies_a_second_one_in_k_teaches_calibration_without_b
                 first, chosen = sent.popleft()
                 policy.observe(Outcome(first, chosen, True, ttft_s=now - first.now, at=now))
         cal = policy.calibration
-        # Every reply here was queued behind others: the queued prediction is what it taught.
+        # Every reply here was queued behind others: the fit's queued prediction is what it
+        # taught (``predict`` bounds it by the unqueued factor, never taught here).
         learnt[rate] = (cal.observations,
-                        sum(cal.predict("a", STUDY_PRIOR.terms(0, 64, 0), queued=True)))
+                        cal.fitted("a", STUDY_PRIOR.terms(0, 64, 0), queued=True))
     (every, predicted_every), (sampled, predicted_sampled) = learnt[0.0], learnt[100.0]
     assert every > 7900 and 200 < sampled < 800
     mean = sum(services) / len(services)
