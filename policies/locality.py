@@ -131,7 +131,7 @@ class LocalityConfig:
     charge is divided by 1 + the readers of the prefix it copies (``Residency.readers``);
     ``copy_benefit``: weight of a copy's benefit to the prefix's readers (0: off);
     ``benefit_after_warmup``: that benefit counts only once calibration's warm-up has
-    ended (before it, every copy on the vLLM pair came from the benefit);
+    ended (before it, the benefit had tipped 5 of the vLLM pair's 7 warm-up copies);
     ``calibration_rate``: replies per second per replica that teach calibration, beyond
     which one in every k does (``Stride``; 0: every reply); ``split_tolerance``: a reply
     whose engine-reported cached share of the prompt is further than this (plus one
