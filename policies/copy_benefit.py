@@ -18,8 +18,9 @@ to use, and a copy made there is paid by everyone queued. The score never goes l
 than r's as a holder: its wait plus the holder's service, with the same load-aware
 charge. A session's own context has no other readers, so its moves are priced as before.
 ``locality`` counts the benefit only once calibration's warm-up has ended
-(``benefit_after_warmup``): before its first replies the model is the prior, and the
-benefit multiplies its error by the readers.
+(``benefit_after_warmup``), and then times the model's trust, ``1 - error bound /
+log(clip)`` (``benefit_trust``): the benefit multiplies the model's error by the readers,
+and before its first replies the model is the prior.
 
 Why: without it, with no pool a hot document was copied only once its holder's queue was
 longer than the copy's own prefill (the gauntlet's ``docqa`` without a pool: copies at

@@ -132,6 +132,9 @@ class LocalityConfig:
     ``copy_benefit``: weight of a copy's benefit to the prefix's readers (0: off);
     ``benefit_after_warmup``: that benefit counts only once calibration's warm-up has
     ended (before it, the benefit had tipped 5 of the vLLM pair's 7 warm-up copies);
+    ``benefit_trust``: after warm-up it counts times the model's trust,
+    ``1 - Calibration.error_bound() / log(clip)`` (a copy on the vLLM pair four replies
+    after warm-up, bound 1.26 of 1.39, was the benefit's);
     ``calibration_rate``: replies per second per replica that teach calibration, beyond
     which one in every k does (``Stride``; 0: every reply); ``split_tolerance``: a reply
     whose engine-reported cached share of the prompt is further than this (plus one
@@ -165,6 +168,7 @@ class LocalityConfig:
     shared_copies: bool = True
     copy_benefit: float = 1.0
     benefit_after_warmup: bool = True
+    benefit_trust: bool = True
     calibration_rate: float = 100.0
     split_tolerance: float = 0.1
     returning: float = 1.0
@@ -369,12 +373,14 @@ class Locality(BasePolicy):
                 ) -> dict[str, float]:
         """Each candidate's score (the module docstring's formula); ``work``: ``_work``'s."""
         w = self.config.work_weight
+        readers = request.residency.readers
+        benefit_weight = self._benefit_weight() if readers > 0 else 0.0
         # Extra work that copies a prefix others are reading right now is shared with them.
-        extra_w = w / (1 + request.residency.readers) if self.config.shared_copies else w
+        extra_w = w / (1 + readers) if self.config.shared_copies else w
         mean_service = self._mean_service()
         # A session back during the service waits half of it. A prefix others read now is
         # priced by what a copy is worth to them (``copy_benefit``), not by this charge.
-        back = 0.0 if request.residency.readers else self.config.returning / 2
+        back = 0.0 if readers else self.config.returning / 2
         if self._returning.gap <= 0:  # no session has come back yet: none expected
             back = 0.0
         scores: dict[str, float] = {}
@@ -389,19 +395,27 @@ class Locality(BasePolicy):
                 score += extra_w * (work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens]
                                     - least_work)
             scores[rid] = score + w * queued * service
-        if request.residency.readers and self._benefit_trusted():  # serves others too
-            copy_benefit.apply(scores, estimates, request.residency.readers,
-                               weight=self.config.copy_benefit, work_weight=w,
+        if benefit_weight > 0:  # serves others too
+            copy_benefit.apply(scores, estimates, readers,
+                               weight=benefit_weight, work_weight=w,
                                mean_service=mean_service)
         return scores
 
-    def _benefit_trusted(self) -> bool:
-        """Whether a copy's benefit counts (``benefit_after_warmup``): the benefit is the
-        model's prediction of the readers' waits, times their count, so a model with no
-        replies yet (the prior's own ratios) would have its error multiplied by it."""
+    def _benefit_weight(self) -> float:
+        """The weight a copy's benefit counts with: ``copy_benefit``, none until
+        calibration's warm-up has ended (``benefit_after_warmup``), then times the model's
+        trust, ``1 - error_bound / log(clip)`` (``benefit_trust``): the benefit is the
+        model's prediction of the readers' waits times their count, so the model's error
+        is multiplied by the readers (with no replies yet, the prior's own ratios)."""
         c = self.calibration
-        return (not self.config.benefit_after_warmup or not self.config.calibrate
-                or c.observations > c.warmup)
+        weight = self.config.copy_benefit
+        if not self.config.calibrate or weight <= 0:
+            return weight
+        if self.config.benefit_after_warmup and c.observations <= c.warmup:
+            return 0.0
+        if self.config.benefit_trust:
+            weight *= max(0.0, 1 - c.error_bound() / math.log(c.clip))
+        return weight
 
     def _adds_work(self, request: RequestView, estimates: dict[str, Estimate],
                    work: tuple[dict[tuple[int, int, int], float], float] | None) -> set[str]:
@@ -592,6 +606,7 @@ class Locality(BasePolicy):
             "queued": {rid: len(q.pending) for rid, q in self._queues.items()},
             "unexplained_replies": self.unexplained,
             "queued_error": self.queued_error,
+            "copy_benefit_weight": self._benefit_weight(),
             "returning": self._returning.as_json(),
             "new_prefixes": None if self._new is None else self._new.as_json(),
             "copies": self._copies.as_json(),

@@ -356,13 +356,18 @@ def test_routers_that_share_nothing_send_a_new_documents_readers_to_one_replica(
     assert routers[0].choose(held, views).replica == "c"
 
 
-def _document_question(config: LocalityConfig, queued_on_a: int, readers: int) -> str:
+def _document_question(config: LocalityConfig, queued_on_a: int, readers: int,
+                        taught: tuple[int, float] | None = None) -> str:
     """Where a new session's question on a 32k document held by a (no pool) goes, with
     ``queued_on_a`` 8k prefills ahead of it there, b idle and ``readers`` of the document
-    in flight."""
+    in flight; ``taught``: calibration's replies past its warm-up and running error, as
+    if it had learnt them (its factors stay the prior's)."""
     blocks = 32_768 // BT
     policy = Locality(dataclasses.replace(config, untrusted_ties=False))
     now = _deep_queues(policy, queued_on_a, 0)
+    if taught is not None:
+        policy.calibration.observations = policy.calibration.warmup + taught[0]
+        policy.calibration.abs_error = taught[1]
     res = Residency(chain_blocks=blocks + 1, block_tokens=BT, gpu={"a": blocks}, readers=readers)
     view = RequestView(request_id="x", model="m", session="new", prompt_tokens=33_000,
                        residency=res, now=now)
@@ -386,21 +391,40 @@ def test_a_hot_document_is_copied_before_its_holder_waits_longer_than_the_copy()
     4 the copy scores within the tie margin of waiting, and a tie adds no work
     (``tie_work``; settled by the queues, b took it); without the benefit the shared
     copy alone waits for a deeper queue on a. These policies have had no reply: the
-    benefit is counted before warm-up here (``benefit_after_warmup=False``); by default
-    it is not, and the 8 readers' copy is not made (the vLLM pair's warm-up copies)."""
+    benefit is counted before warm-up here (``benefit_after_warmup=False``,
+    ``benefit_trust=False``); by default it is not, and the 8 readers' copy is not made
+    (the vLLM pair's warm-up copies)."""
     policy = Locality()
     now = _deep_queues(policy, 2, 0)
     question = req("x", 33_000, gpu={"a": 32_768 // BT}, now=now, session="new")
     assert policy.estimate(question, reps("a")[0]).wait_s < 3.0
     assert policy.estimate(question, reps("b")[0]).ttft_s > 5.0
     chosen = {(readers, benefit): _document_question(
-        LocalityConfig(copy_benefit=benefit, benefit_after_warmup=False), 2, readers)
+        LocalityConfig(copy_benefit=benefit, benefit_after_warmup=False, benefit_trust=False),
+        2, readers)
         for readers in (0, 1, 4, 8) for benefit in (0.0, 1.0)}
     assert chosen == {(0, 0.0): "a", (1, 0.0): "a", (4, 0.0): "a", (8, 0.0): "a",
                       (0, 1.0): "a", (1, 1.0): "a", (4, 1.0): "a", (8, 1.0): "b"}
-    assert _document_question(LocalityConfig(tie_work=False, benefit_after_warmup=False),
-                              2, 4) == "b"
+    assert _document_question(LocalityConfig(tie_work=False, benefit_after_warmup=False,
+                                             benefit_trust=False), 2, 4) == "b"
     assert _document_question(LocalityConfig(), 2, 8) == "a"
+
+
+def test_a_copys_benefit_counts_as_far_as_the_model_is_trusted() -> None:
+    """The same 8 readers' copy as above, past calibration's warm-up: one reply past it,
+    the error bound is still 0.8 x log(clip) (trust 0.2: on the vLLM pair a copy four
+    replies past warm-up, bound 1.26, was the benefit's), and the benefit does not tip
+    it; 40 replies past it with a running error of 0.05 the model is trusted (0.96) and
+    the copy is made. Counted in full (``benefit_trust=False``), one reply is enough."""
+    chosen = {(past, trust): _document_question(
+        LocalityConfig(benefit_trust=trust), 2, 8, taught=(past, 0.05))
+        for past in (1, 40) for trust in (True, False)}
+    assert chosen == {(1, True): "a", (40, True): "b", (1, False): "b", (40, False): "b"}
+    policy = Locality()  # ``GET /policy`` shows the weight the benefit counts with now
+    assert policy.describe()["copy_benefit_weight"] == 0.0  # in warm-up
+    policy.calibration.observations = policy.calibration.warmup + 40
+    policy.calibration.abs_error = 0.05
+    assert 0.95 < policy.describe()["copy_benefit_weight"] < 0.97
 
 
 def test_a_reply_slowed_by_another_routers_requests_teaches_calibration_nothing() -> None:
