@@ -133,7 +133,7 @@ class LocalityConfig:
     ``benefit_after_warmup``: that benefit counts only once calibration's warm-up has
     ended (before it, the benefit had tipped 5 of the vLLM pair's 7 warm-up copies);
     ``benefit_trust``: after warm-up it counts times the model's trust,
-    ``1 - Calibration.error_bound() / log(clip)`` (a copy on the vLLM pair four replies
+    ``1 - Calibration.error_bound() / log(clip)`` (a copy on the vLLM pair one reply
     after warm-up, bound 1.26 of 1.39, was the benefit's);
     ``calibration_rate``: replies per second per replica that teach calibration, beyond
     which one in every k does (``Stride``; 0: every reply); ``split_tolerance``: a reply

@@ -412,8 +412,8 @@ def test_a_hot_document_is_copied_before_its_holder_waits_longer_than_the_copy()
 
 def test_a_copys_benefit_counts_as_far_as_the_model_is_trusted() -> None:
     """The same 8 readers' copy as above, past calibration's warm-up: one reply past it,
-    the error bound is still 0.8 x log(clip) (trust 0.2: on the vLLM pair a copy four
-    replies past warm-up, bound 1.26, was the benefit's), and the benefit does not tip
+    the error bound is still 0.8 x log(clip) (trust 0.2: on the vLLM pair a copy one
+    reply past warm-up, bound 1.26, was the benefit's), and the benefit does not tip
     it; 40 replies past it with a running error of 0.05 the model is trusted (0.96) and
     the copy is made. Counted in full (``benefit_trust=False``), one reply is enough."""
     chosen = {(past, trust): _document_question(
