@@ -294,6 +294,12 @@ class Calibration:
         steps = self.observations - self.warmup
         return self.abs_error + math.log(self.clip) * (1 - self.alpha) ** max(0, steps)
 
+    def trust(self) -> float:
+        """How far the model's predictions may be counted on, ``1 - error_bound() /
+        log(clip)``: 0 while the bound is the worst error the clip allows (no evidence),
+        towards 1 as the bound falls; never below 0."""
+        return max(0.0, 1 - self.error_bound() / math.log(self.clip))
+
     def update(self, replica: str, terms: Terms, observed_s: float,
                queued: bool = False) -> float | None:
         """Fold one observed service time in; returns the log residual it carried.

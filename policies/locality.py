@@ -414,7 +414,7 @@ class Locality(BasePolicy):
         if self.config.benefit_after_warmup and c.observations <= c.warmup:
             return 0.0
         if self.config.benefit_trust:
-            weight *= max(0.0, 1 - c.error_bound() / math.log(c.clip))
+            weight *= c.trust()
         return weight
 
     def _adds_work(self, request: RequestView, estimates: dict[str, Estimate],

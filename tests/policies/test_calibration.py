@@ -86,6 +86,17 @@ def test_describes_itself() -> None:
     assert doc["observations"] == 1 and "a" in doc["replicas"]  # type: ignore[operator]
 
 
+def test_trust_grows_with_replies_the_model_predicted_and_not_with_those_it_missed() -> None:
+    right, wrong, rng = Calibration(), Calibration(), random.Random(0)
+    assert right.trust() == 0.0  # no evidence: the bound is the worst error the clip allows
+    for _ in range(40):
+        right.update("a", MISS, truth(MISS, (1, 1, 1, 1)))
+        wrong.update("a", MISS, truth(MISS, (1, 1, 1, 1)) * rng.choice((0.4, 2.5)))
+    assert right.trust() > 0.9
+    assert wrong.trust() < 0.5 * right.trust()
+    assert right.trust() == pytest.approx(1 - right.error_bound() / math.log(right.clip))
+
+
 def _deviations(cal: Calibration) -> tuple[float, float]:
     return math.exp(cal.log_prefill["a"]), math.exp(cal.log_prefill["b"])
 
