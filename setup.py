@@ -22,8 +22,10 @@ import os
 from setuptools import setup
 
 # The modules of one routing decision with ``locality`` (its hooks' call graph); the
-# others stay pure Python (mypyc rejects ``policies.base``'s runtime-checkable Protocol).
+# others stay pure Python (mypyc rejects ``policies.base``'s runtime-checkable Protocol,
+# so the views it re-exports are a module of their own).
 COMPILED = [
+    "policies/views.py",
     "policies/locality.py",
     "policies/calibration.py",
     "policies/cost.py",
