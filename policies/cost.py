@@ -32,7 +32,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 # The keys of a prior file: those of a simulator profile. Only the timing ones are read.
 PRIOR_KEYS = frozenset({
@@ -151,9 +151,11 @@ def load_prior(path: str | Path | None = None) -> CostParams:
 STUDY_PRIOR = load_prior()
 
 
-class Estimate(NamedTuple):
-    """A predicted TTFT and its parts, for one request on one replica (a named tuple: the
-    policy makes one per candidate per request, and a tuple is built at C speed)."""
+@dataclass(slots=True)
+class Estimate:
+    """A predicted TTFT and its parts, for one request on one replica (the policy makes
+    one per candidate per request: where mypyc compiles this module, setup.py, a native
+    class, built and read without the interpreter, which a named tuple is not)."""
 
     replica: str
     wait_s: float

@@ -99,7 +99,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 from policies import copy_benefit
 from policies.base import BasePolicy, Decision, Outcome, ReplicaView, RequestView
@@ -181,7 +181,8 @@ class LocalityConfig:
     noise: float = 0.3
 
 
-class _Dispatch(NamedTuple):
+@dataclass(slots=True)
+class _Dispatch:
     """A dispatched request until its first token: the estimate it was sent on; ``behind``:
     others of ours were still pending on its replica; ``foreign``: the engine held other
     routers' requests (their time is in its service time, so it teaches calibration
@@ -192,7 +193,8 @@ class _Dispatch(NamedTuple):
     foreign: bool
 
 
-class _Sample(NamedTuple):
+@dataclass(slots=True)
+class _Sample:
     """A first token's lesson for calibration, held until the reply's end brings the
     engine's own count of cached tokens (``_learn``)."""
 
@@ -201,7 +203,8 @@ class _Sample(NamedTuple):
     queued: bool
 
 
-class _Memo(NamedTuple):
+@dataclass(slots=True)
+class _Memo:
     """``choose``'s estimates for the ``dispatched`` that follows it, valid for the same
     request, time and state ``version``; ``foreign``: the candidates whose engine held
     other routers' requests."""
@@ -524,7 +527,7 @@ class Locality(BasePolicy):
             if sample is not None and outcome.ok:
                 self._learn(sample, outcome)
             return
-        est, behind, foreign = dispatch
+        est, behind, foreign = dispatch.estimate, dispatch.behind, dispatch.foreign
         self._copies.observed(rid, outcome.ttft_s if outcome.ok else None)
         if behind and not foreign and outcome.ok and outcome.ttft_s:
             self._queued_miss(est.ttft_s, outcome.ttft_s)
