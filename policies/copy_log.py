@@ -11,24 +11,60 @@ calibration's term factors; and, once its first token comes, the copy's own time
 first token (``ttft_s``; for a reply not streamed, its whole time, as ``Outcome``
 reports it), beside which the holder's queue can be read.
 
-Cost: one dict built per copy, and one ``in`` test per first token while a copy waits
-for its own.
+Cost: a copy keeps references to what the decision saw (its estimates and scores, fresh
+per decision and never changed after) and two small snapshots (our queues, the factors);
+the JSON is built only when asked for (``as_json``): copies of one opening, sent by many
+clients at once, can be most of a burst's decisions. One ``in`` test per first token
+while a copy waits for its own.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from policies.cost import Estimate
+
+
+@dataclass(slots=True)
+class _Copy:
+    """One copy as its decision saw it (``CopyLog.add``'s arguments), and its first token."""
+
+    request: str
+    at: float
+    chosen: str
+    estimates: dict[str, Estimate]
+    scores: dict[str, float]
+    pending: dict[str, int]
+    error: float
+    error_bound: float
+    queued_error: float
+    factors: dict[str, float]
+    ttft_s: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "at": round(self.at, 3), "request": self.request, "chosen": self.chosen,
+            "error": round(self.error, 4), "error_bound": round(self.error_bound, 4),
+            "queued_error": round(self.queued_error, 4),
+            "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 4),
+            "factors": {k: round(v, 4) for k, v in self.factors.items()},
+            "candidates": {rid: {"wait_s": round(e.wait_s, 4),
+                                 "service_s": round(e.load_s + e.prefill_s, 4),
+                                 "score": round(self.scores.get(rid, 0.0), 4),
+                                 "cached_tokens": e.gpu_tokens + e.pool_tokens,
+                                 "queued": self.pending.get(rid, 0)}
+                           for rid, e in self.estimates.items()},
+        }
 
 
 class CopyLog:
     """``size``: how many copies are kept (the oldest go first)."""
 
     def __init__(self, size: int = 16) -> None:
-        self._entries: deque[dict[str, Any]] = deque(maxlen=size)
-        self._waiting: dict[str, dict[str, Any]] = {}  # request id -> its entry, until observed
+        self._entries: deque[_Copy] = deque(maxlen=size)
+        self._waiting: dict[str, _Copy] = {}  # request id -> its entry, until observed
 
     def add(self, request_id: str, at: float, chosen: str, estimates: dict[str, Estimate],
             scores: dict[str, float], pending: dict[str, int], error: float,
@@ -39,20 +75,10 @@ class CopyLog:
         predictions behind our queue; ``factors``: calibration's term factors then (a
         queued request's service is predicted with its own fixed factor, an unqueued
         one's with the other)."""
-        entry: dict[str, Any] = {
-            "at": round(at, 3), "request": request_id, "chosen": chosen,
-            "error": round(error, 4), "error_bound": round(error_bound, 4),
-            "queued_error": round(queued_error, 4), "ttft_s": None,
-            "factors": {k: round(v, 4) for k, v in (factors or {}).items()},
-            "candidates": {rid: {"wait_s": round(e.wait_s, 4),
-                                 "service_s": round(e.load_s + e.prefill_s, 4),
-                                 "score": round(scores.get(rid, 0.0), 4),
-                                 "cached_tokens": e.gpu_tokens + e.pool_tokens,
-                                 "queued": pending.get(rid, 0)}
-                           for rid, e in estimates.items()},
-        }
+        entry = _Copy(request_id, at, chosen, estimates, scores, pending, error, error_bound,
+                      queued_error, factors or {})
         if len(self._entries) == self._entries.maxlen:  # the oldest leaves: stop waiting on it
-            self._waiting.pop(self._entries[0]["request"], None)
+            self._waiting.pop(self._entries[0].request, None)
         self._entries.append(entry)
         self._waiting[request_id] = entry
 
@@ -61,7 +87,7 @@ class CopyLog:
         if self._waiting:
             entry = self._waiting.pop(request_id, None)
             if entry is not None:
-                entry["ttft_s"] = None if ttft_s is None else round(ttft_s, 4)
+                entry.ttft_s = ttft_s
 
     def as_json(self) -> list[dict[str, Any]]:
-        return list(self._entries)
+        return [entry.as_json() for entry in self._entries]
