@@ -133,8 +133,8 @@ class LocalityConfig:
     ``benefit_after_warmup``: that benefit counts only once calibration's warm-up has
     ended (before it, the benefit had tipped 5 of the vLLM pair's 7 warm-up copies);
     ``benefit_trust``: after warm-up it counts times the model's trust,
-    ``1 - Calibration.error_bound() / log(clip)`` (a copy on the vLLM pair one reply
-    after warm-up, bound 1.26 of 1.39, was the benefit's);
+    ``Calibration.trust()`` (a copy on the vLLM pair one reply after warm-up, bound 1.26
+    of 1.39, was the benefit's);
     ``calibration_rate``: replies per second per replica that teach calibration, beyond
     which one in every k does (``Stride``; 0: every reply); ``split_tolerance``: a reply
     whose engine-reported cached share of the prompt is further than this (plus one
@@ -407,7 +407,7 @@ class Locality(BasePolicy):
     def _benefit_weight(self) -> float:
         """The weight a copy's benefit counts with: ``copy_benefit``, none until
         calibration's warm-up has ended (``benefit_after_warmup``), then times the model's
-        trust, ``1 - error_bound / log(clip)`` (``benefit_trust``): the benefit is the
+        trust, ``Calibration.trust()`` (``benefit_trust``): the benefit is the
         model's prediction of the readers' waits times their count, so the model's error
         is multiplied by the readers (with no replies yet, the prior's own ratios)."""
         c = self.calibration
