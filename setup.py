@@ -33,6 +33,7 @@ COMPILED = [
     "policies/session_log.py",
     "policies/returning.py",
     "policies/new_prefixes.py",
+    "policies/dispatch_rate.py",
     "policies/hashing.py",
     "policies/copy_benefit.py",
     "policies/copy_log.py",

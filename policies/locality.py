@@ -21,6 +21,13 @@ queued now: ``q(r)`` = r's predicted wait over the mean observed service time (0
 idle replica; off with ``load_aware_work=false``): without it greedy moves added
 recomputes when the fleet was short of capacity, and a fleet-wide multiplier herded a
 tenant's sessions onto its system prompt's replica; ``q(r)`` charges work where it waits.
+For a router that has seen no other router's requests, ``q(r)`` is at most the arrivals
+Little's law expects while the placement waits and is served, r's recent dispatch rate
+times (wait + service) (``sojourn_arrivals_s``, ``policies.dispatch_rate``): past the
+knee that is the queue's length or more, but at light load a burst's queue is gone
+before the next arrival, and charged as if it would last, one queued hit made the vLLM
+pair copy a prefix (another router's arrivals are not in our rate, so with several
+routers the queue's length stands).
 Returning sessions (``returning``, ``policies.returning``): ``q(r)`` also counts, at half
 weight, the sessions between turns bound to ``r`` expected back during the service (not
 for a prefix others read now: that is priced by a copy's benefit, below).
@@ -106,6 +113,7 @@ from policies.base import BasePolicy, Decision, Outcome, ReplicaView, RequestVie
 from policies.calibration import Calibration, Stride, Terms
 from policies.copy_log import CopyLog
 from policies.cost import STUDY_PRIOR, CostParams, Estimate, split_tokens
+from policies.dispatch_rate import DispatchRate
 from policies.fifo_queue import FifoQueue
 from policies.hashing import rendezvous_rank
 from policies.new_prefixes import NewPrefixes
@@ -152,7 +160,11 @@ class LocalityConfig:
     ``untrusted_ties``: the tie margin grows by ``Calibration.error_bound()`` (no evidence:
     the worst error) instead of ``error()`` (no evidence: none); ``noise``: a reply's log
     scatter around a right model, by which calibration weighs its prior against each
-    reply (``Calibration``; 1: unit noise, the earlier fit)."""
+    reply (``Calibration``; 1: unit noise, the earlier fit); ``sojourn_arrivals_s``: a
+    router that has seen no other router's requests counts as queued behind a placement
+    at most the arrivals expected during its wait and service (Little's law: the
+    replica's dispatch rate, ``policies.dispatch_rate``, decayed with this time constant;
+    0: off, the queue's length as is)."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -179,6 +191,7 @@ class LocalityConfig:
     new_balance_s: float = 60.0
     untrusted_ties: bool = True
     noise: float = 0.3
+    sojourn_arrivals_s: float = 10.0
 
 
 @dataclass(slots=True)
@@ -237,6 +250,8 @@ class Locality(BasePolicy):
         self._returning = Returning()
         self._memo: _Memo | None = None
         self._new = NewPrefixes(c.new_balance_s) if c.new_balance_s > 0 else None
+        self._rates = DispatchRate(c.sojourn_arrivals_s) if c.sojourn_arrivals_s > 0 else None
+        self._shared = False  # seen another router's requests on an engine
         self._copies = CopyLog()
         # EWMA (step 0.2) of |log(observed / predicted)| first token of requests sent
         # behind our own queue, on an engine holding no other router's requests
@@ -299,6 +314,7 @@ class Locality(BasePolicy):
             estimates[r.id] = self._estimate(request, r.id, min(r.waiting, others), terms_of, last)
             if others > 0:
                 foreign.add(r.id)
+                self._shared = True
         work = self._work(terms_of)
         scores = self._scores(request, estimates, work)
         self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign,
@@ -387,9 +403,16 @@ class Locality(BasePolicy):
         if self._returning.gap <= 0:  # no session has come back yet: none expected
             back = 0.0
         scores: dict[str, float] = {}
+        # Little's law, for a router alone in front of its engines (another's arrivals are
+        # not in our rate): of those queued now, only the arrivals during the placement's
+        # wait and service will queue behind it; a burst's queue at light load is gone by
+        # the next arrival (``sojourn_arrivals_s``).
+        rates = None if self._shared else self._rates
         for rid, e in estimates.items():
             service = e.load_s + e.prefill_s
             queued = e.wait_s / mean_service if mean_service > 0 else 0.0
+            if rates is not None and queued > 0:
+                queued = min(queued, rates.rate(rid, request.now) * (e.wait_s + service))
             if back > 0:  # sessions parked there that come back during it (``returning``)
                 queued += back * self._returning.expected(rid, service, request.session)
             score = e.wait_s + service
@@ -501,6 +524,8 @@ class Locality(BasePolicy):
             queue = self._queues[decision.replica] = FifoQueue()
         self._dispatches[request.request_id] = _Dispatch(est, bool(queue.pending), foreign)
         queue.push(request.request_id, request.now, est.load_s + est.prefill_s)
+        if self._rates is not None:
+            self._rates.add(decision.replica, request.now)
         if self._new is not None:
             res = request.residency
             self._new.add(decision.replica, request.now, blocks=res.chain_blocks,

@@ -257,8 +257,9 @@ def test_the_error_behind_our_queue_is_measured_where_only_our_requests_queue() 
     batches answered each second hit with the first (``_taught``), about 0 where it
     answered as predicted, and nothing moves it where the engine held another router's
     request (our queue is not the engine's there). It decides nothing: ties sized by it
-    were tried and not kept (the copy to b is made as before)."""
-    config = LocalityConfig(calibrate=False, untrusted_ties=False)
+    were tried and not kept (the copy to b is made as before; the charge for a queue read
+    as it was, not by the rate of the pairs, one every 10 s: ``test_sojourn.py``)."""
+    config = LocalityConfig(calibrate=False, untrusted_ties=False, sojourn_arrivals_s=0.0)
     missed = _taught(config, batched=True)
     assert 0.5 < missed.describe()["queued_error"] < math.log(2)  # an EWMA of log 2's
     assert _copy_or_wait(missed, queued=1, now=300.0) == "b"
