@@ -251,7 +251,7 @@ class Locality(BasePolicy):
         self._memo: _Memo | None = None
         self._new = NewPrefixes(c.new_balance_s) if c.new_balance_s > 0 else None
         self._rates = DispatchRate(c.sojourn_arrivals_s) if c.sojourn_arrivals_s > 0 else None
-        self._shared = False  # seen another router's requests on an engine
+        self._shared = False  # another router's requests seen on an engine (``dispatched``)
         self._copies = CopyLog()
         # EWMA (step 0.2) of |log(observed / predicted)| first token of requests sent
         # behind our own queue, on an engine holding no other router's requests
@@ -314,9 +314,8 @@ class Locality(BasePolicy):
             estimates[r.id] = self._estimate(request, r.id, min(r.waiting, others), terms_of, last)
             if others > 0:
                 foreign.add(r.id)
-                self._shared = True
         work = self._work(terms_of)
-        scores = self._scores(request, estimates, work)
+        scores = self._scores(request, estimates, work, shared=self._shared or bool(foreign))
         self._memo = _Memo(request.request_id, request.now, self._version, estimates, foreign,
                            scores)
         low = min(scores.values())
@@ -388,9 +387,10 @@ class Locality(BasePolicy):
         return work_of, min(work_of.values())
 
     def _scores(self, request: RequestView, estimates: dict[str, Estimate],
-                work: tuple[dict[tuple[int, int, int], float], float] | None
-                ) -> dict[str, float]:
-        """Each candidate's score (the module docstring's formula); ``work``: ``_work``'s."""
+                work: tuple[dict[tuple[int, int, int], float], float] | None,
+                shared: bool = False) -> dict[str, float]:
+        """Each candidate's score (the module docstring's formula); ``work``: ``_work``'s;
+        ``shared``: another router's requests seen on an engine, now or before."""
         w = self.config.work_weight
         readers = request.residency.readers
         benefit_weight = self._benefit_weight() if readers > 0 else 0.0
@@ -407,7 +407,7 @@ class Locality(BasePolicy):
         # not in our rate): of those queued now, only the arrivals during the placement's
         # wait and service will queue behind it; a burst's queue at light load is gone by
         # the next arrival (``sojourn_arrivals_s``).
-        rates = None if self._shared else self._rates
+        rates = None if shared else self._rates
         for rid, e in estimates.items():
             service = e.load_s + e.prefill_s
             queued = e.wait_s / mean_service if mean_service > 0 else 0.0
@@ -503,6 +503,7 @@ class Locality(BasePolicy):
                 and decision.replica in memo.estimates):
             est = memo.estimates[decision.replica]
             foreign = decision.replica in memo.foreign
+            self._shared = self._shared or bool(memo.foreign)
             if decision.reason == "balance":  # a copy: kept for ``GET /policy`` (``CopyLog``)
                 cal = self.calibration
                 self._copies.add(request.request_id, request.now, decision.replica,

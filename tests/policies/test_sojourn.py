@@ -51,7 +51,8 @@ def test_a_queue_at_light_load_is_charged_for_the_arrivals_it_will_delay() -> No
         _served(policy, n, gap_s)
         if shared:  # an engine held another router's request: our rate is not its
             busy = [ReplicaView(id="a", url="a"), ReplicaView(id="b", url="b", running=2.0)]
-            policy.choose(req("o", 1636, session="o", now=n * gap_s), busy)
+            view = req("o", 1636, session="o", now=n * gap_s)
+            policy.dispatched(view, policy.choose(view, busy))  # recorded as dispatched
         return _copy_or_wait(policy, queued=1, now=n * gap_s)
 
     assert decide(10.0, gap_s=2.0) == "a"
