@@ -18,7 +18,8 @@ events goes to the client as one send, and no event waits for a later read).
 - **Flow control**: a reply whose unread bytes exceed ``HIGH_WATER`` pauses the socket's
   reading until the consumer has taken half: a slow client slows the replica's socket,
   not the router's memory.
-- **Errors**: before the headers (reset, closed, timeout, malformed):
+- **Errors**: before the headers (reset, closed, timeout, malformed, or a write to a
+  socket the replica closed before ``connection_lost`` told us):
   ``UpstreamConnectError`` from the head future; after (the body broke):
   ``UpstreamStreamBroken`` from ``chunks()``. A body delimited by the connection's close
   (no content-length, not chunked) ends normally at the close. Closing the connection
@@ -281,12 +282,18 @@ class Conn(asyncio.Protocol):
     def start(self, request: bytes, read_timeout_s: float) -> WireResponse:
         """Write one request; its reply arrives on the returned response."""
         assert self.transport is not None
-        self.resp = WireResponse(self)
+        resp = self.resp = WireResponse(self)
         self.head = self.pool.loop.create_future()
         self.last_read = self.pool.loop.time()
         self._arm(read_timeout_s, read_timeout_s)
-        self.transport.write(request)
-        return self.resp
+        try:
+            self.transport.write(request)
+        except RuntimeError as exc:
+            # uvloop closes the handle of a socket the replica reset (a killed replica) at
+            # once and calls ``connection_lost`` on a later turn of the loop: a write in
+            # between raises. Nothing was sent, so it is a connect error (retried elsewhere).
+            self._fail(f"replica closed the connection ({exc})")
+        return resp
 
     def _arm(self, delay: float, timeout_s: float) -> None:
         self._timer = self.pool.loop.call_later(delay, self._check, timeout_s)
@@ -338,6 +345,10 @@ class Conn(asyncio.Protocol):
         if self.paused and self.transport is not None and not self.closed:
             self.paused = False
             self.transport.resume_reading()
+
+    def closing(self) -> bool:
+        """Whether the transport is closed or closing, ``connection_lost`` still to come."""
+        return self.transport is not None and self.transport.is_closing()
 
     def close(self) -> None:
         if not self.closed:

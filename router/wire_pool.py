@@ -96,7 +96,8 @@ class WirePool:
         now = self.loop.time()
         while idle:
             conn = idle.pop()
-            if not conn.closed and now - conn.idle_since < self.keepalive_s:
+            # ``closing``: closed under us, its ``connection_lost`` not yet run (uvloop)
+            if not conn.closed and not conn.closing() and now - conn.idle_since < self.keepalive_s:
                 return conn
             conn.close()
         while len(self.open) >= self.limit:
