@@ -30,9 +30,12 @@ class DispatchRate:
         """Record one dispatch to ``replica`` at ``now``."""
         if self._start is None:
             self._start = now
+        self._counts[replica] = (self._count(replica, now) + 1.0, now)
+
+    def _count(self, replica: str, now: float) -> float:
+        """``replica``'s decayed count of dispatches as of ``now``."""
         count, at = self._counts.get(replica, (0.0, now))
-        self._counts[replica] = (count * math.exp(-(now - at) / self.time_constant_s) + 1.0,
-                                 now)
+        return count * math.exp(-(now - at) / self.time_constant_s)
 
     def rate(self, replica: str, now: float) -> float:
         """Dispatches per second to ``replica`` lately; infinite before any time has passed
@@ -43,5 +46,4 @@ class DispatchRate:
         window = tau * (1.0 - math.exp(-(now - self._start) / tau))
         if window <= 0:
             return math.inf
-        count, at = self._counts.get(replica, (0.0, now))
-        return count * math.exp(-(now - at) / tau) / window
+        return self._count(replica, now) / window

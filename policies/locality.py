@@ -387,8 +387,8 @@ class Locality(BasePolicy):
         return work_of, min(work_of.values())
 
     def _scores(self, request: RequestView, estimates: dict[str, Estimate],
-                work: tuple[dict[tuple[int, int, int], float], float] | None,
-                shared: bool = False) -> dict[str, float]:
+                work: tuple[dict[tuple[int, int, int], float], float] | None, *,
+                shared: bool) -> dict[str, float]:
         """Each candidate's score (the module docstring's formula); ``work``: ``_work``'s;
         ``shared``: another router's requests seen on an engine, now or before."""
         w = self.config.work_weight
