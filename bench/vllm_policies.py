@@ -24,7 +24,10 @@ replica's prefix-cache hit rate (``vllm:prefix_cache_hits`` / ``vllm:prefix_cach
 deltas over the run, from the engines' own ``/metrics``) and the traffic split
 (``vllm:request_success`` deltas), and the router's decisions by reason
 (``lmroute_decisions_total``; a ``balance`` decision copies a prefix to a replica that did
-not hold it). Per workload, policy: means over repetitions; for
+not hold it), and every request the router served (``per_request``: replica, reason, time to
+first byte, total and end, from its access log; ``bench/pair_states.py`` rebuilds from
+them what each request's engine was doing when it arrived). Per workload, policy: means
+over repetitions; for
 ``locality`` against each other policy, the ratio of means with a 95 % t-interval over the
 repetitions, paired (policies run back to back inside a repetition).
 
@@ -66,6 +69,7 @@ from scipy import stats
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests" / "e2e"), str(HERE.parent / "tests")]
 
+from pair_states import requests_from_log  # noqa: E402
 from servers import router  # noqa: E402
 from servers_redis import free_port  # noqa: E402
 from vllm_servers import MODEL_NAME, REPO, VllmServer, cpu_features, make_model, vllm_python  # noqa: E402
@@ -166,6 +170,7 @@ def one_run(engines: list[VllmServer], model: Path, policy: str, workload: str,
         result = tmp / f"{workload}-{policy}-{seed}.json"
         env = {**os.environ, "PYTHONHASHSEED": "0", "VLLM_NO_USAGE_STATS": "1",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        client_start = time.time()  # the warm-up request is not the workload's
         cmd = [str(vllm_python()), "-c", BENCH_SERVE,
                *client_args(workload, args, lm.url, model, result, trace, seed)[2:]]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -178,11 +183,13 @@ def one_run(engines: list[VllmServer], model: Path, policy: str, workload: str,
         state["decisions"] = decisions(lm.url)
     finally:
         lm.stop()
+    served = [r for r in requests_from_log(lm.log_lines())
+              if r["end"] - r["total_s"] >= client_start - 0.01]
     detail = json.loads(result.read_text())
     ttfts = [t for t in detail.get("ttfts", []) if t]
     d = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
     queries = sum(x["vllm:prefix_cache_queries"] for x in d)
-    served = [x["vllm:request_success"] for x in d]
+    split = [x["vllm:request_success"] for x in d]
     errors = sorted({str(e)[:300] for e in detail.get("errors", []) if e})
     return {"workload": workload, "policy": policy, "seed": seed, "requests": len(ttfts),
             "failed": detail.get("failed", 0), "errors": errors[:5], "router": state,
@@ -191,7 +198,8 @@ def one_run(engines: list[VllmServer], model: Path, policy: str, workload: str,
             "hit_rate": sum(x["vllm:prefix_cache_hits"] for x in d) / queries if queries else 0.0,
             "replica_hit_rates": [x["vllm:prefix_cache_hits"] / x["vllm:prefix_cache_queries"]
                                   if x["vllm:prefix_cache_queries"] else 0.0 for x in d],
-            "split": served, "max_share": max(served) / sum(served) if sum(served) else 0.0}
+            "split": split, "max_share": max(split) / sum(split) if sum(split) else 0.0,
+            "per_request": served}
 
 
 def t_interval(values: list[float]) -> tuple[float, float, float]:

@@ -1,0 +1,56 @@
+"""bench/pair_states.py rebuilds, from a router's access log, what each request's engine was
+doing when it arrived: the log it parses is the real router's, so a change to the access
+line's format must break this test, not the benchmark's figures."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from tests.servers import Server, replica, router
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from pair_states import requests_from_log, with_states
+
+
+def _stream(url: str, prompt: str, max_tokens: int) -> None:
+    body = {"model": "emulated-27b", "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as resp:
+        assert resp.status_code == 200
+        for _ in resp.iter_bytes():
+            pass
+
+
+def test_a_request_sent_while_another_decodes_sees_it_decoding(
+        start_servers: Callable[[Server], Server]) -> None:
+    """One emulated replica (study profile at full time scale: a short prompt's prefill
+    0.25 s, 18 ms a token): A streams 60 tokens (about 1.3 s); B is sent 0.5 s after A's
+    start, once A's first token is out; C after both ended. Rebuilt from the log: B saw A
+    decoding, A and C saw nothing."""
+    rep = start_servers(replica("--profile", "study-27b", "--time-scale", "1"))
+    rt = start_servers(router([rep.url], "--policy", "locality"))
+    a = threading.Thread(target=_stream, args=(rt.url, "alpha " * 40, 60))
+    a.start()
+    time.sleep(0.5)
+    _stream(rt.url, "beta " * 40, 4)
+    a.join()
+    _stream(rt.url, "gamma " * 40, 4)
+    time.sleep(0.2)  # the access line is written as the reply ends
+
+    rows = with_states(requests_from_log(rt.log_lines()))
+    assert len(rows) == 3
+    rows.sort(key=lambda r: r["end"] - r["total_s"])
+    first, second, third = rows
+    for r in rows:
+        assert 0 < r["ttft_s"] <= r["total_s"]
+        assert r["replica"] == rows[0]["replica"] and r["reason"] in ("miss", "sticky")
+    assert first["total_s"] > 1.0  # the long reply: 60 tokens
+    assert (first["prefilling"], first["decoding"]) == (0, 0)
+    assert (second["prefilling"], second["decoding"]) == (0, 1)
+    assert (third["prefilling"], third["decoding"]) == (0, 0)
