@@ -144,10 +144,10 @@ class Canary:
 
     async def _ask(self, replica: Replica, endpoint: Endpoint, body: dict[str, Any],
                    auth: str | None) -> Any:
-        headers = [("content-type", "application/json"), ("x-request-id", "canary-" +
-                                                           uuid.uuid4().hex)]
+        headers = [(b"content-type", b"application/json"),
+                   (b"x-request-id", b"canary-" + uuid.uuid4().hex.encode())]
         if auth:
-            headers.append(("authorization", auth))
+            headers.append((b"authorization", auth.encode("latin-1")))
         resp = await self.upstream.send("POST", replica.url + PATHS[endpoint], headers,
                                         orjson.dumps(body))
         data = await resp.read()

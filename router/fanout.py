@@ -26,7 +26,9 @@ from starlette.responses import Response
 
 from router.errors import UpstreamError
 from router.replicas import Replica, ReplicaSet
-from router.upstream import Upstream, end_to_end
+from router.upstream import Upstream, request_headers
+
+_AUTH = frozenset({b"authorization"})  # not forwarded where the router checked the key
 
 
 def _reply_body(content_type: str, body: bytes) -> Any:
@@ -50,7 +52,7 @@ class FanOut:
         self._drop_auth = drop_auth
 
     async def _one(self, replica: Replica, method: str, path: str,
-                   headers: list[tuple[str, str]], body: bytes | None) -> dict[str, Any]:
+                   headers: list[tuple[bytes, bytes]], body: bytes | None) -> dict[str, Any]:
         out: dict[str, Any] = {"replica": self._name_of(replica.url)}
         try:
             async with asyncio.timeout(self._timeout_s):
@@ -62,8 +64,8 @@ class FanOut:
                 "body": _reply_body(resp.content_type, data)}
 
     async def send(self, request: Request) -> tuple[Response, list[dict[str, Any]]]:
-        headers = [(k, v) for k, v in end_to_end(request.headers.items())
-                   if not (self._drop_auth and k.lower() == "authorization")]
+        headers = request_headers(request.headers.raw,
+                                  drop=_AUTH if self._drop_auth else frozenset())
         body = await request.body() if request.method != "GET" else None
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         results = await asyncio.gather(*(self._one(r, request.method, path, headers, body)

@@ -66,11 +66,13 @@ from router.metrics import RouterMetrics
 from router.openai_api import Endpoint, ParsedRequest, parse_request
 from router.relay import Relay
 from router.replicas import Replica, ReplicaSet
-from router.upstream import Upstream, UpstreamResponse, end_to_end, end_to_end_raw
+from router.upstream import Upstream, UpstreamResponse, end_to_end_raw, request_headers
 from router.usage import engine_usage
 
 Clock = Callable[[], float]
 PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# The client's X-Request-Id is echoed, not forwarded: the replica gets the router's id.
+_OWN_ID = frozenset({b"x-request-id"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,10 +189,8 @@ class Proxy:
 
     async def _route(self, parsed: ParsedRequest, target: Target, request: Request,
                      request_id: str, t0: float, live: list[_Attempt]) -> Response:
-        headers = end_to_end((k.decode("latin-1"), v.decode("latin-1"))
-                             for k, v in request.headers.raw)
-        headers = [(k, v) for k, v in headers if k.lower() != "x-request-id"]
-        headers.append(("x-request-id", request_id))
+        headers = request_headers(request.headers.raw, drop=_OWN_ID)
+        headers.append((b"x-request-id", request_id.encode("latin-1")))
         chain, tokens = self.locator.prompt_chain(parsed)
         # Policy state keys on an internal id: the client's X-Request-Id is only echoed and
         # forwarded (two in-flight requests may share it).

@@ -61,24 +61,23 @@ HOP_BY_HOP_RAW = frozenset(name.encode() for name in HOP_BY_HOP)
 _CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
-def end_to_end(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Drop hop-by-hop headers (and any named in a Connection header)."""
-    items = list(headers)
-    named = {
-        token.strip().lower()
-        for key, value in items
-        if key.lower() == "connection"
-        for token in value.split(",")
-    }
-    return [(k, v) for k, v in items if k.lower() not in HOP_BY_HOP and k.lower() not in named]
-
-
 def end_to_end_raw(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """``end_to_end`` for raw headers whose names are lower case already."""
+    """Drop hop-by-hop headers (and any named in a Connection header) from raw headers
+    whose names are lower case already."""
     items = list(headers)
     named = {token.strip().lower() for key, value in items if key == b"connection"
              for token in value.split(b",")}
     return [(k, v) for k, v in items if k not in HOP_BY_HOP_RAW and k not in named]
+
+
+def request_headers(raw: Iterable[tuple[bytes, bytes]], *,
+                    drop: frozenset[bytes] = frozenset()) -> list[tuple[bytes, bytes]]:
+    """A client's raw request headers as forwarded to a replica: names in lower case (ASGI
+    asks servers for it, without requiring it), hop-by-hop ones and those in ``drop``
+    removed. Bytes throughout: the replica hop writes them as they came, instead of
+    decoding each name and value and encoding it again."""
+    return [(k, v) for k, v in end_to_end_raw((k.lower(), v) for k, v in raw)
+            if k not in drop]
 
 
 class UpstreamResponse(Protocol):
@@ -218,10 +217,11 @@ class Upstream:
         return self._session
 
     async def send(
-        self, method: str, url: str, headers: list[tuple[str, str]],
+        self, method: str, url: str, headers: list[tuple[bytes, bytes]],
         body: bytes | AsyncIterable[bytes] | None,
     ) -> UpstreamResponse:
-        """Send a request; return when the replica's headers arrived."""
+        """Send a request; return when the replica's headers arrived. ``headers``: raw,
+        names in lower case (``request_headers``), as the replica will get them."""
         if self._wire is not None and WirePool.handles(method, url, body):
             assert body is None or isinstance(body, bytes)
             return await self._wire.send(method, url, headers, body)
@@ -231,7 +231,9 @@ class Upstream:
                 self._urls.clear()
             parsed = self._urls[url] = yarl.URL(url)
         try:
-            resp = await self.session.request(method, parsed, headers=headers, data=body)
+            resp = await self.session.request(
+                method, parsed, data=body,
+                headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers])
         except _CLIENT_ERRORS as exc:
             raise UpstreamConnectError(f"replica {url} unreachable: {exc!r}") from exc
         return AiohttpResponse(status=resp.status, headers=list(resp.headers.items()), _resp=resp)

@@ -51,14 +51,15 @@ class WirePool:
         return (url.startswith("http://") and method != "HEAD"
                 and (body is None or isinstance(body, bytes)))
 
-    async def send(self, method: str, url: str, headers: list[tuple[str, str]],
+    async def send(self, method: str, url: str, headers: list[tuple[bytes, bytes]],
                    body: bytes | None) -> WireResponse:
-        """Send a request; return once the reply's headers arrived."""
+        """Send a request (``headers`` raw, as ``Upstream.send``'s); return once the reply's
+        headers arrived."""
         key, line = self._target(method, url)
         payload = body or b""
         head = [line]
         for name, value in headers:
-            head.append(f"{name}: {value}\r\n".encode("latin-1"))
+            head += (name, b": ", value, b"\r\n")
         if payload or method in ("POST", "PUT", "PATCH"):
             head.append(b"content-length: %d\r\n" % len(payload))
         head.append(b"\r\n")

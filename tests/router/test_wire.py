@@ -54,7 +54,7 @@ async def test_emulated_replica_streams_and_reuses_one_connection(start_servers)
         body = (b'{"model":"emulated-27b","prompt":"hello","max_tokens":4,"stream":true}')
         for _ in range(3):
             resp = await up.send("POST", rep.url + "/v1/completions",
-                                 [("content-type", "application/json")], body)
+                                 [(b"content-type", b"application/json")], body)
             assert resp.status == 200 and resp.is_event_stream
             events = (await _drain(resp.chunks())).split(b"\n\n")
             assert events[-2] == b"data: [DONE]" and len(events) == 6
@@ -89,7 +89,7 @@ async def test_interim_replies_are_skipped() -> None:
                      b"HTTP/1.1 201 Created\r\ncontent-length: 4\r\nx-real: 1\r\n\r\ndone")
 
     async with _against(early) as (pool, url):
-        resp = await pool.send("POST", url + "/", [("expect", "100-continue")], b"{}")
+        resp = await pool.send("POST", url + "/", [(b"expect", b"100-continue")], b"{}")
         assert resp.status == 201 and resp.raw_headers == [(b"content-length", b"4"),
                                                            (b"x-real", b"1")]
         assert await resp.read() == b"done"
