@@ -17,8 +17,9 @@ squares fit over the cache hits::
            + per_decoding * decoding
 
 (the first decoding sequence costs a step's wait, later ones their share of the step).
-With ``--plot``: mean TTFT of hits against sequences decoding, one line per prefilling
-count, one panel per policy.
+With ``--plot``: the share of arrivals that found the engine idle, decoding only, or
+prefilling, per policy; and per policy the mean TTFT of hits against sequences decoding,
+one line per prefilling count (cells of at least 5 requests).
 
     .venv/bin/python bench/pair_states.py docs/vllm-pinned-states-r8-570.json [--plot P]
 """
@@ -134,9 +135,22 @@ def plot(policies: dict[str, list[dict[str, Any]]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     names = sorted(policies)
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.2), sharey=True,
+    fig, axes = plt.subplots(1, len(names) + 1, figsize=(3.2 * (len(names) + 1), 3.4),
                              squeeze=False)
-    for ax, policy in zip(axes[0], names, strict=True):
+    share = axes[0][0]
+    groups = (("nothing in flight", lambda r: r["prefilling"] == 0 and r["decoding"] == 0),
+              ("decoding only", lambda r: r["prefilling"] == 0 and r["decoding"] > 0),
+              ("prefilling", lambda r: r["prefilling"] > 0))
+    bottom = np.zeros(len(names))
+    for label, test in groups:
+        part = np.array([np.mean([test(r) for r in policies[p]]) for p in names])
+        share.bar(range(len(names)), part, bottom=bottom, label=label)
+        bottom += part
+    share.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=7)
+    share.set_title("the engine at each arrival", fontsize=8)
+    share.set_ylabel("share of requests")
+    share.legend(fontsize=7)
+    for ax, policy in zip(axes[0][1:], names, strict=True):
         rows = [r for r in policies[policy]
                 if kind(r["reason"]) in ("hit", "least-loaded", "round-robin")]
         for pre in range(CAP):
@@ -147,11 +161,13 @@ def plot(policies: dict[str, list[dict[str, Any]]], path: str) -> None:
                 if len(v) >= 5:
                     xs.append(dec)
                     ys.append(1e3 * float(np.mean(v)))
-            ax.plot(xs, ys, marker="o", label=f"{pre} prefilling")
+            if xs:
+                ax.plot(xs, ys, marker="o", label=f"{pre} prefilling")
         ax.set_title(policy, fontsize=8)
         ax.set_xlabel("sequences decoding on the engine")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_ylabel("mean TTFT of a hit (ms)" if ax is axes[0][1] else "")
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("mean TTFT of a hit (ms)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
