@@ -19,25 +19,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from pair_states import requests_from_log, with_states
 
 
-def _stream(url: str, prompt: str, max_tokens: int) -> None:
+def _stream(url: str, prompt: str, max_tokens: int,
+            first: threading.Event | None = None) -> None:
     body = {"model": "emulated-27b", "prompt": prompt, "max_tokens": max_tokens, "stream": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as resp:
         assert resp.status_code == 200
-        for _ in resp.iter_bytes():
-            pass
+        for chunk in resp.iter_bytes():
+            if chunk and first is not None:
+                first.set()
 
 
 def test_a_request_sent_while_another_decodes_sees_it_decoding(
         start_servers: Callable[[Server], Server]) -> None:
     """One emulated replica (study profile at full time scale: a short prompt's prefill
-    0.25 s, 18 ms a token): A streams 60 tokens (about 1.3 s); B is sent 0.5 s after A's
-    start, once A's first token is out; C after both ended. Rebuilt from the log: B saw A
-    decoding, A and C saw nothing."""
+    0.25 s, 18 ms a token): A streams 60 tokens (about 1.3 s); B is sent 0.2 s after A's
+    first token reached the client, while A decodes; C after both ended. Rebuilt from the
+    log: B saw A decoding, A and C saw nothing."""
     rep = start_servers(replica("--profile", "study-27b", "--time-scale", "1"))
     rt = start_servers(router([rep.url], "--policy", "locality"))
-    a = threading.Thread(target=_stream, args=(rt.url, "alpha " * 40, 60))
+    first = threading.Event()
+    a = threading.Thread(target=_stream, args=(rt.url, "alpha " * 40, 60, first))
     a.start()
-    time.sleep(0.5)
+    assert first.wait(30)
+    time.sleep(0.2)  # past the millisecond the log's times are rounded to
     _stream(rt.url, "beta " * 40, 4)
     a.join()
     _stream(rt.url, "gamma " * 40, 4)
