@@ -12,7 +12,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.servers import Server, replica, router
+try:
+    from servers import Server, replica, router
+except ImportError:  # tests/ became a package
+    from tests.servers import Server, replica, router
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
