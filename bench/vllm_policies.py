@@ -26,7 +26,8 @@ deltas over the run, from the engines' own ``/metrics``) and the traffic split
 (``lmroute_decisions_total``; a ``balance`` decision copies a prefix to a replica that did
 not hold it), and every request the router served (``per_request``: replica, reason, time to
 first byte, total and end, from its access log; ``bench/pair_states.py`` rebuilds from
-them what each request's engine was doing when it arrived). Per workload, policy: means
+them what each request's engine was doing when it arrived; the table's "arrivals at an
+idle engine" is the share that found none of ours in flight there). Per workload, policy: means
 over repetitions; for
 ``locality`` against each other policy, the ratio of means with a 95 % t-interval over the
 repetitions, paired (policies run back to back inside a repetition).
@@ -69,7 +70,7 @@ from scipy import stats
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests" / "e2e"), str(HERE.parent / "tests")]
 
-from pair_states import requests_from_log  # noqa: E402
+from pair_states import requests_from_log, with_states  # noqa: E402
 from servers import router  # noqa: E402
 from servers_redis import free_port  # noqa: E402
 from vllm_servers import MODEL_NAME, REPO, VllmServer, cpu_features, make_model, vllm_python  # noqa: E402
@@ -199,7 +200,15 @@ def one_run(engines: list[VllmServer], model: Path, policy: str, workload: str,
             "replica_hit_rates": [x["vllm:prefix_cache_hits"] / x["vllm:prefix_cache_queries"]
                                   if x["vllm:prefix_cache_queries"] else 0.0 for x in d],
             "split": split, "max_share": max(split) / sum(split) if sum(split) else 0.0,
-            "per_request": served}
+            "per_request": served, "idle_arrivals": idle_share(served)}
+
+
+def idle_share(served: list[dict[str, Any]]) -> float:
+    """The share of requests that found their engine with none of ours in flight
+    (``bench/pair_states.py``): how well a policy spreads by the moment's load."""
+    states = with_states(served)
+    return sum(1 for r in states if r["prefilling"] == 0 and r["decoding"] == 0) / max(
+        1, len(states))
 
 
 def t_interval(values: list[float]) -> tuple[float, float, float]:
@@ -219,7 +228,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         per = {p: sorted((r for r in rows if r["policy"] == p), key=lambda r: r["seed"])
                for p in sorted({r["policy"] for r in rows})}
         table = {p: {k: float(np.mean([r[k] for r in rs]))
-                     for k in ("mean_ttft_s", "p90_ttft_s", "hit_rate", "max_share", "failed")}
+                     for k in ("mean_ttft_s", "p90_ttft_s", "hit_rate", "max_share", "failed",
+                               "idle_arrivals")}
                  for p, rs in per.items()}
         ratios = {}
         for p, rs in per.items():
@@ -236,15 +246,15 @@ def markdown(summary: dict[str, Any]) -> str:
     lines = []
     for workload, s in summary.items():
         lines += [f"### {workload}", "", "| policy | failed | mean TTFT (s) | p90 TTFT (s) | "
-                  "prefix-cache hit rate | busier replica's share | locality / this: mean "
-                  "[95 % CI] | p90 |", "|---|---|---|---|---|---|---|---|"]
+                  "prefix-cache hit rate | busier replica's share | arrivals at an idle engine "
+                  "| locality / this: mean [95 % CI] | p90 |", "|---|---|---|---|---|---|---|---|---|"]
         for p, row in s["policies"].items():
             r = s["locality_over"].get(p)
             rat = (" | ".join(f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in
                               (r["mean_ttft_s"], r["p90_ttft_s"])) if r else "- | -")
             lines.append(f"| {p} | {row['failed']:.1f} | {row['mean_ttft_s']:.3f} | "
                          f"{row['p90_ttft_s']:.3f} | {row['hit_rate']:.3f} | "
-                         f"{row['max_share']:.2f} | {rat} |")
+                         f"{row['max_share']:.2f} | {row['idle_arrivals']:.0%} | {rat} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -324,7 +334,8 @@ def main() -> int:
                         runs.append(run)
                         print(f"[{time.perf_counter() - t0:6.0f} s] rep {rep} {workload:6s} "
                               f"{policy:16s} mean {run['mean_ttft_s']:.3f} p90 "
-                              f"{run['p90_ttft_s']:.3f} hit {run['hit_rate']:.3f} split "
+                              f"{run['p90_ttft_s']:.3f} hit {run['hit_rate']:.3f} idle "
+                              f"{run['idle_arrivals']:.0%} split "
                               f"{run['split']} {run['router']['decisions']}", flush=True)
         finally:
             for e in engines:
