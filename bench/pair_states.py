@@ -81,6 +81,17 @@ def kind(reason: str) -> str:
     return "hit" if reason.endswith("hit") else reason
 
 
+def warm(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """The requests a fit of hits reads: the cache hits where the policy's reasons say
+    which are hits (``gpu-hit``, ``pool-hit``), else every request it did not give as a
+    miss (``least_loaded``, ``round_robin``, ``load_aware``'s ``score``); and whether they
+    are hits only."""
+    hits = [r for r in rows if kind(r["reason"]) == "hit"]
+    if hits:
+        return hits, True
+    return [r for r in rows if r["reason"] != "miss"], False
+
+
 def fit(rows: list[dict[str, Any]]) -> dict[str, float] | None:
     """Least squares of a hit's TTFT on its engine's state (the module docstring)."""
     if len(rows) < 8:
@@ -109,11 +120,11 @@ def report(policies: dict[str, list[dict[str, Any]]]) -> str:
                   f"{1e3 * np.mean([r['ttft_s'] for r in rows]):.1f} ms; "
                   f"{idle / len(rows):.0%} arrived at an engine with nothing of ours in flight",
                   "", f"reasons: {dict(Counter(r['reason'] for r in rows))}", ""]
-        hits = [r for r in rows if kind(r["reason"]) in ("hit", "least-loaded", "round-robin")]
+        hits, only_hits = warm(rows)
         f = fit(hits)
         if f is not None:
-            lines += ["fit over " + ("hits" if hits and kind(hits[0]["reason"]) == "hit"
-                                     else "every request") + ": " + ", ".join(
+            lines += ["fit over " + ("hits" if only_hits else "every request but misses")
+                      + ": " + ", ".join(
                 f"{k} {1e3 * v:.1f} ms" for k, v in f.items()), ""]
         cells: dict[tuple[str, int, int], list[float]] = defaultdict(list)
         for r in rows:
@@ -151,8 +162,7 @@ def plot(policies: dict[str, list[dict[str, Any]]], path: str) -> None:
     share.set_ylabel("share of requests")
     share.legend(fontsize=7)
     for ax, policy in zip(axes[0][1:], names, strict=True):
-        rows = [r for r in policies[policy]
-                if kind(r["reason"]) in ("hit", "least-loaded", "round-robin")]
+        rows = warm(policies[policy])[0]
         for pre in range(CAP):
             xs, ys = [], []
             for dec in range(2 * CAP):
