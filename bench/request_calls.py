@@ -31,7 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -39,22 +39,9 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(HERE))
 
-from servers_redis import free_port  # noqa: E402
-
-
-def _wait(url: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} did not come up")
-        time.sleep(0.1)
+from upstream_clients import HOST, free_port, started, wait_ready  # noqa: E402
 
 
 def _send(url: str, n: int, stream: bool) -> None:
@@ -72,14 +59,14 @@ def profile(policy: str, backends: list[str], requests: int, stream: bool,
     """The router's stats after ``requests`` requests (it is stopped to write them)."""
     port = free_port()
     cmd = [sys.executable, str(HERE / "_profiled.py"), str(out), "serve", "--policy", policy,
-           "--host", "127.0.0.1", "--port", str(port), "--drain-grace-s", "0",
+           "--host", HOST, "--port", str(port), "--drain-grace-s", "0",
            "--no-access-log", *[a for b in backends for a in ("--backend", b)]]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        _wait(f"http://127.0.0.1:{port}/health")
-        _send(f"http://127.0.0.1:{port}", requests, stream)
+        wait_ready(proc, port, f"lmroute {policy}")
+        _send(f"http://{HOST}:{port}", requests, stream)
     finally:
         # SIGINT: uvicorn stops and the interpreter exits normally, so the stats are
         # written (after SIGTERM it re-raises the signal and dies before atexit runs).
@@ -125,32 +112,24 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     ports = [free_port(), free_port()]
-    engines = [subprocess.Popen([sys.executable, str(HERE / "fake_backend.py"), "--port",
-                                 str(p)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-               for p in ports]
-    backends = [f"http://127.0.0.1:{p}" for p in ports]
+    backends = [f"http://{HOST}:{p}" for p in ports]
     results: dict[str, Any] = {}
-    try:
-        for url in backends:
-            _wait(url + "/health")
-        with tempfile.TemporaryDirectory() as tmp:
-            for policy in args.policies:
-                base = profile(policy, backends, args.warm, args.stream, Path(tmp) / "a",
-                               args.tree)
-                more = profile(policy, backends, args.warm + args.n, args.stream,
-                               Path(tmp) / "b", args.tree)
-                calls, top = per_request(base, more, args.n)
-                results[policy] = {"calls_per_request": round(calls, 1),
-                                   "top": [[k, round(c, 2)] for k, c in top[:args.top]]}
-                print(f"## {policy}: {calls:.1f} Python calls a "
-                      f"{'streamed' if args.stream else 'non-streamed'} request")
-                for k, c in top[:args.top]:
-                    print(f"{c:8.2f}  {k}")
-                print()
-    finally:
-        for e in engines:
-            e.terminate()
-            e.wait(timeout=10)
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        for p in ports:  # two fast fake engines, stopped on the way out
+            stack.enter_context(started([sys.executable, str(HERE / "fake_backend.py"),
+                                         "--port", str(p)], p, f"backend {p}"))
+        for policy in args.policies:
+            base = profile(policy, backends, args.warm, args.stream, Path(tmp) / "a", args.tree)
+            more = profile(policy, backends, args.warm + args.n, args.stream, Path(tmp) / "b",
+                           args.tree)
+            calls, top = per_request(base, more, args.n)
+            results[policy] = {"calls_per_request": round(calls, 1),
+                               "top": [[k, round(c, 2)] for k, c in top[:args.top]]}
+            print(f"## {policy}: {calls:.1f} Python calls a "
+                  f"{'streamed' if args.stream else 'non-streamed'} request")
+            for k, c in top[:args.top]:
+                print(f"{c:8.2f}  {k}")
+            print()
     if args.json:
         params = {**vars(args), "tree": str(args.tree)}
         Path(args.json).write_text(json.dumps({"params": params, "results": results}, indent=1))
