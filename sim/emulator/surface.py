@@ -98,6 +98,8 @@ class ReplicaSurface:
         if not isinstance(body, dict):
             return vllm_error(400, "request body must be a JSON object")
         model = body.get("model")
+        if model is not None and not isinstance(model, str):  # vLLM's schema refuses it
+            return vllm_error(400, "model: Input should be a valid string", param="model")
         if model is not None and not self.replica.serves(model):
             return vllm_error(404, f"The model `{model}` does not exist.", "NotFoundError",
                               "model")

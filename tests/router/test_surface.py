@@ -175,6 +175,19 @@ def test_upload_naming_an_unknown_model_is_404(fleet) -> None:
     assert r.json()["error"]["message"] == "The model `nope` does not exist."
 
 
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/load_lora_adapter"])
+def test_a_model_that_is_not_a_string_is_400_at_the_replica_and_through(fleet, path) -> None:
+    """vLLM's request schema refuses it (400); the emulated replica once raised on it (a
+    dict is not hashable) and answered 500, which the router passed on as the replica's."""
+    a, _, lm = fleet
+    body = {"model": {"not": "a name"}, "input": "x", "lora_name": "l", "lora_path": "/p"}
+    direct = httpx.post(a.url + path, json=body)
+    assert direct.status_code == 400 and direct.json()["error"]["param"] == "model"
+    headers = {"authorization": "Bearer admin-key"}
+    routed = httpx.post(lm.url + path, json=body, headers=headers)
+    assert routed.status_code == 400, routed.text
+
+
 FAILOVER = [
     ("/v1/embeddings", {"model": MODEL, "input": "x"}, False),
     ("/v1/rerank", {"model": MODEL, "query": "q", "documents": ["a"]}, False),
