@@ -95,8 +95,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/router_bench.py
 
-# The locality policy compiled by mypyc (setup.py, LMROUTE_MYPYC=1) in its own venv, a
-# regular install rebuilt when the sources change; .venv stays editable and pure Python.
+# The request path and the locality policy compiled by mypyc (setup.py, LMROUTE_MYPYC=1)
+# in its own venv, a regular install rebuilt when the sources change; .venv stays
+# editable and pure Python.
 # bench/peers.py --compiled .venv-fast runs it beside the pure one. Needs a C compiler.
 FAST_VENV  := .venv-fast
 FAST_STAMP := $(FAST_VENV)/.installed
@@ -106,7 +107,7 @@ $(FAST_STAMP): pyproject.toml setup.py $(shell find router policies sim -name '*
 	$(FAST_VENV)/bin/python -m pip install --quiet --upgrade pip 'setuptools>=77' wheel 'mypy>=1.10'
 	LMROUTE_MYPYC=1 $(FAST_VENV)/bin/python -m pip install --quiet --no-build-isolation .
 	cd / && $(CURDIR)/$(FAST_VENV)/bin/python -c \
-	  "import policies.locality as m; assert m.__file__.endswith('.so'), m.__file__"
+	  "import policies.locality as m, router.proxy as p; assert m.__file__.endswith('.so') and p.__file__.endswith('.so'), (m.__file__, p.__file__)"
 	touch $(FAST_STAMP)
 
 fast: $(FAST_STAMP)

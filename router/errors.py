@@ -3,6 +3,7 @@
     LmrouteError                       status, OpenAI error type and code
     ├── BadRequest            400      malformed JSON, missing or mistyped fields
     ├── Unauthorized          401      no or wrong key (a tenant's, or the admin key)
+    ├── PinForbidden          403      a pin header (``router.pin``) without the admin key
     ├── NotFound              404      unknown route
     │   └── ModelNotFound              a model no replica serves (vLLM's own 404 shape)
     ├── PayloadTooLarge       413      body over ``max_body_bytes`` (decompressed)
@@ -21,6 +22,9 @@ Third-party exceptions (aiohttp, OS errors) are mapped to this tree at one bound
 becomes a response in one place, the exception handler ``router.routes`` registers on the
 app, which renders ``error_body``: ``{"error": {"message", "type", "param", "code"}}``, the
 shape the OpenAI SDKs parse (plus ``x-request-id`` when the error carries one).
+
+This module stays pure Python in the compiled build (setup.py): mypyc's exception classes
+lose the class-level defaults (``status``, ``type``, ``code``) the subclasses override.
 """
 
 from __future__ import annotations
@@ -58,6 +62,12 @@ class Unauthorized(LmrouteError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class PinForbidden(LmrouteError):
+    status = 403
+    type = "permission_error"
+    code = "pin_forbidden"
 
 
 class NotFound(LmrouteError):

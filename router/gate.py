@@ -42,10 +42,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from router import compiled
 from router.bodies import read_decoded
-from router.errors import BadRequest, NotFound, Unauthorized
+from router.errors import BadRequest, NotFound, PinForbidden, Unauthorized
 from router.jsonbody import load_json
-from router.pin import PIN_HEADER, PinForbidden
+from router.pin import PIN_HEADER
 from router.tenants import Tenant, Tenants, combine
 
 Access = Literal["public", "tenant", "internal", "admin"]
@@ -211,4 +212,4 @@ class Gate:
                 raise
             return _Egress(response, release, self.names if proxied else None)
 
-        return endpoint
+        return compiled.endpoint(endpoint)

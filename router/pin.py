@@ -27,17 +27,11 @@ from dataclasses import replace
 from starlette.requests import Request
 
 from router.bodies import read_body
-from router.errors import BadRequest, LmrouteError
+from router.errors import BadRequest
 from router.openai_api import Endpoint, ParsedRequest, parse_request
 from router.proxy import PATHS, Prepare, Proxy, Target
 
 PIN_HEADER = "x-lmroute-pin-replica"
-
-
-class PinForbidden(LmrouteError):
-    status = 403
-    type = "permission_error"
-    code = "pin_forbidden"
 
 
 def pin_url(name: str, names: Mapping[bytes, bytes] | None, urls: list[str]) -> str:

@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from router import compiled
 from router.admin import PolicyAdmin, admin_routes
 from router.canary import Canary, canary_routes
 from router.drain import Drain
@@ -193,6 +194,6 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(HTTPException, _on_http_error)
-    app.add_exception_handler(LmrouteError, _on_lmroute_error)
-    app.add_exception_handler(Exception, _on_unexpected)
+    app.add_exception_handler(HTTPException, compiled.exception_handler(_on_http_error))
+    app.add_exception_handler(LmrouteError, compiled.exception_handler(_on_lmroute_error))
+    app.add_exception_handler(Exception, compiled.exception_handler(_on_unexpected))
