@@ -7,11 +7,12 @@ exception handler is awaited only if ``asyncio.iscoroutinefunction`` says so (an
 else runs in a thread pool). A function compiled by mypyc (``setup.py``, ``make fast``)
 is neither, so each endpoint and handler the router registers goes through one of these
 shims, defined here, in a module that is never compiled. The hot routes
-(``router.hotpath``) call the wrapped endpoint itself (``__wrapped__``), without the shim.
+(``router.hotpath``) call the wrapped endpoint itself (``inspect.unwrap``), without the shim.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
@@ -24,24 +25,18 @@ ExceptionHandler = Callable[[Request, Exception], Awaitable[Response]]
 def endpoint(f: Endpoint) -> Endpoint:
     """``f`` as a Python coroutine function Starlette calls with the request."""
 
+    @functools.wraps(f)  # sets __wrapped__: inspect.unwrap finds ``f``
     async def call(request: Request) -> Response:
         return await f(request)
 
-    call.__wrapped__ = f  # type: ignore[attr-defined]
     return call
 
 
 def exception_handler(f: ExceptionHandler) -> ExceptionHandler:
     """``f`` as a Python coroutine function Starlette awaits on its event loop."""
 
+    @functools.wraps(f)
     async def call(request: Request, exc: Exception) -> Response:
         return await f(request, exc)
 
-    call.__wrapped__ = f  # type: ignore[attr-defined]
     return call
-
-
-def unwrapped(f: Endpoint) -> Endpoint:
-    """The function ``endpoint(f)`` wraps (``f`` itself if it wraps none)."""
-    inner: Endpoint = getattr(f, "__wrapped__", f)
-    return inner

@@ -33,6 +33,7 @@ Cycles are still collected, less often.
 from __future__ import annotations
 
 import gc
+import inspect
 from collections.abc import Iterable
 from typing import Any
 
@@ -41,7 +42,6 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from router.compiled import unwrapped
 from router.drain import Drain
 from router.forward import passes_body
 
@@ -102,8 +102,8 @@ class RouterApp(FastAPI):
         handlers = dict(self.exception_handlers)
         fallback = handlers.pop(Exception, None) or handlers.pop(500, None)
         assert fallback is not None, "install_error_handlers(app) registers the catch-all"
-        app: ASGIApp = _Lean({r.path: unwrapped(r.endpoint) for r in self._hot_routes},
-                                    handlers, fallback)
+        endpoints = {r.path: inspect.unwrap(r.endpoint) for r in self._hot_routes}
+        app: ASGIApp = _Lean(endpoints, handlers, fallback)
         for m in reversed(self.user_middleware):
             app = m.cls(app, *m.args, **m.kwargs)
         return app
