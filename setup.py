@@ -10,7 +10,8 @@ build needs mypy and a C compiler in the build environment, so it is opt-in and 
 without build isolation::
 
     pip install 'setuptools>=77' wheel 'mypy>=1.10'
-    LMROUTE_MYPYC=1 pip install --no-build-isolation .
+    pip install --no-build-isolation .      # the dependencies first: mypyc type-checks
+    LMROUTE_MYPYC=1 pip install --no-build-isolation --no-deps --force-reinstall .
 
 (``make fast`` builds ``.venv-fast`` so.) An editable install stays pure: a compiled
 module next to its source would shadow every later edit of it.
