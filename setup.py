@@ -40,7 +40,8 @@ COMPILED = [
     "policies/copy_benefit.py",
     "policies/copy_log.py",
     # The router's request path. Not compiled: modules with async generators (mypyc
-    # does not implement them: wire, upstream, passthrough, upload, app), the exception
+    # does not implement them: body_chunks, which holds the replica hop's one, so that
+    # wire and upstream compile; passthrough, upload, app), the exception
     # tree (errors: mypyc's exception classes lose their class-level defaults), the
     # settings (read by introspecting their annotations), router.index's package and
     # protocol (runtime_checkable), compiled (the shims Starlette inspects) and the
@@ -72,7 +73,9 @@ COMPILED = [
     "router/shapes.py",
     "router/tallies.py",
     "router/tenants.py",
+    "router/upstream.py",
     "router/usage.py",
+    "router/wire.py",
     "router/wire_pool.py",
 ]
 

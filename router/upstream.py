@@ -32,6 +32,7 @@ from typing import Protocol
 import aiohttp
 import yarl
 
+from router.body_chunks import body_chunks
 from router.errors import UpstreamConnectError, UpstreamStreamBroken
 from router.wire_pool import WirePool
 
@@ -144,19 +145,20 @@ class AiohttpResponse:
             else:
                 self._resp.close()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """Yield body bytes as the replica sends them (no buffering, no re-framing)."""
-        read = self._resp.content.readany  # iter_any() without its iterator object
-        while True:
-            try:
-                chunk = await read()
-            except _CLIENT_ERRORS as exc:
-                raise UpstreamStreamBroken(f"replica stream broke: {exc!r}") from exc
-            if not chunk:
-                break
-            yield chunk
-        # Read to the end: the connection goes back to the keep-alive pool.
-        self._resp.release()
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as the replica sends them (no buffering, no re-framing)."""
+        return body_chunks(self)
+
+    async def next_chunk(self) -> bytes | None:
+        """The next body bytes as they arrive; None at the body's end."""
+        try:
+            chunk = await self._resp.content.readany()
+        except _CLIENT_ERRORS as exc:
+            raise UpstreamStreamBroken(f"replica stream broke: {exc!r}") from exc
+        if chunk:
+            return chunk
+        self._resp.release()  # read to the end: the connection goes back to the keep-alive pool
+        return None
 
     def abort(self) -> None:
         """Drop the connection unless the body was read to the end.

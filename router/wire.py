@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
+from router.body_chunks import body_chunks
 from router.errors import UpstreamConnectError, UpstreamStreamBroken
 
 if TYPE_CHECKING:
@@ -107,22 +108,21 @@ class WireResponse:
         self._chunks.clear()
         return body
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """Yield body bytes as the replica sends them (no buffering, no re-framing)."""
-        try:
-            while True:
-                chunk = self.take()
-                if chunk is not None:
-                    yield chunk
-                elif self._done:
-                    return
-                elif self._error is not None:
-                    raise UpstreamStreamBroken(f"replica stream broke: {self._error}")
-                else:
-                    await self._next()
-        finally:
-            if not self._done:
-                self.abort()
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as the replica sends them (no buffering, no re-framing)."""
+        return body_chunks(self)
+
+    async def next_chunk(self) -> bytes | None:
+        """The next body bytes as they arrive; None at the body's end."""
+        while True:
+            chunk = self.take()
+            if chunk is not None:
+                return chunk
+            if self._done:
+                return None
+            if self._error is not None:
+                raise UpstreamStreamBroken(f"replica stream broke: {self._error}")
+            await self._next()
 
     async def _next(self) -> None:
         """Wait for the connection's next hand-over (bytes, the end, or an error)."""
