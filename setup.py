@@ -52,6 +52,7 @@ COMPILED = [
     "router/failures.py",
     "router/forward.py",
     "router/gate.py",
+    "router/headers.py",
     "router/hotpath.py",
     "router/ids.py",
     "router/in_flight.py",

@@ -14,6 +14,7 @@ import zlib
 from starlette.requests import Request
 
 from router.errors import BadRequest, PayloadTooLarge, UnsupportedEncoding
+from router.headers import header
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -22,7 +23,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     read: bytes | None = getattr(request, "_body", None)
     if read is not None and len(read) <= limit:
         return read
-    declared = request.headers.get("content-length")
+    declared = header(request, b"content-length")
     if declared is not None:
         if not declared.isdigit():
             raise BadRequest("invalid Content-Length header")
@@ -93,6 +94,6 @@ def decode(data: bytes, codings: list[str], limit: int) -> bytes:
 
 async def read_decoded(request: Request, limit: int) -> bytes:
     """The body with its content codings undone, at most ``limit`` bytes either way."""
-    codings = encodings(request.headers.get("content-encoding"))
+    codings = encodings(header(request, b"content-encoding"))
     raw = await read_body(request, limit)
     return decode(raw, codings, limit) if codings else raw

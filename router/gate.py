@@ -45,6 +45,7 @@ from starlette.types import Message, Receive, Scope, Send
 from router import compiled
 from router.bodies import read_decoded
 from router.errors import BadRequest, NotFound, PinForbidden, Unauthorized
+from router.headers import has_header, header
 from router.jsonbody import load_json
 from router.pin import PIN_HEADER
 from router.tenants import Tenant, Tenants, combine
@@ -53,10 +54,11 @@ Access = Literal["public", "tenant", "internal", "admin"]
 Handler = Callable[[Request], Awaitable[Response]]
 _REPLICA_HEADER = b"x-lmroute-replica"
 _DROPPED = {b"content-length", b"content-encoding"}
+_PIN_RAW = PIN_HEADER.encode()
 
 
 def bearer(request: Request) -> str | None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    scheme, _, token = (header(request, b"authorization") or "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
@@ -180,7 +182,7 @@ class Gate:
 
         async def endpoint(request: Request) -> Response:
             tenant: Tenant | None = None
-            pinned = proxied and PIN_HEADER in request.headers
+            pinned = proxied and has_header(request, _PIN_RAW)
             if pinned:
                 self._pin(request)
             elif access in ("internal", "admin"):

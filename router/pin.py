@@ -28,6 +28,7 @@ from starlette.requests import Request
 
 from router.bodies import read_body
 from router.errors import BadRequest
+from router.headers import header
 from router.openai_api import Endpoint, ParsedRequest, parse_request
 from router.proxy import PATHS, Prepare, Proxy, Target
 
@@ -51,7 +52,7 @@ def pinned_prepare(proxy: Proxy, endpoint: Endpoint, url: str) -> Prepare:
 
     async def prepare(request: Request) -> tuple[ParsedRequest, Target]:
         raw = await read_body(request, proxy.max_body_bytes)
-        parsed = parse_request(endpoint, raw, request.headers.get("x-session-id"))
+        parsed = parse_request(endpoint, raw, header(request, b"x-session-id"))
         return replace(parsed, replica=url), Target("POST", PATHS[endpoint], raw)
 
     return prepare

@@ -60,6 +60,7 @@ from router.errors import (
     UpstreamStreamBroken,
 )
 from router.failures import Verdict, classify, shaped
+from router.headers import header
 from router.ids import new_id
 from router.locator import Locator
 from router.metrics import RouterMetrics
@@ -147,12 +148,12 @@ class Proxy:
                      prepare: Prepare | None = None) -> Response:
         """Route one request: chat/completions, or a pass-through route's ``prepare``."""
         t0 = self.clock()
-        request_id = request.headers.get("x-request-id") or new_id()
+        request_id = header(request, b"x-request-id") or new_id()
         live: list[_Attempt] = []  # the attempts made: the last may be open when the client left
         try:
             if prepare is None:
                 raw = await read_body(request, self.max_body_bytes)
-                parsed = parse_request(endpoint, raw, request.headers.get("x-session-id"))
+                parsed = parse_request(endpoint, raw, header(request, b"x-session-id"))
                 target = Target("POST", PATHS[endpoint], raw)
             else:
                 parsed, target = await prepare(request)
@@ -189,7 +190,7 @@ class Proxy:
 
     async def _route(self, parsed: ParsedRequest, target: Target, request: Request,
                      request_id: str, t0: float, live: list[_Attempt]) -> Response:
-        headers = request_headers(request.headers.raw, drop=_OWN_ID)
+        headers = request_headers(request.scope["headers"], drop=_OWN_ID)
         headers.append((b"x-request-id", request_id.encode("latin-1")))
         chain, tokens = self.locator.prompt_chain(parsed)
         # Policy state keys on an internal id: the client's X-Request-Id is only echoed and

@@ -41,6 +41,7 @@ from router.drain import Drain
 from router.errors import BadRequest, LmrouteError, NotFound, RateLimited
 from router.events import EngineEvents
 from router.gate import Gate
+from router.headers import header
 from router.locator import Locator
 from router.metrics import RouterMetrics
 from router.openai_api import Endpoint, parse_request
@@ -86,13 +87,13 @@ class Routes:
             raw = await request.body()  # already in memory (the gate read it); kept for a replay
             response = await self.proxy.handle(endpoint, request)
             if response.status_code == 200:
-                self.canary.offer(endpoint, raw, request.headers.get("authorization"))
+                self.canary.offer(endpoint, raw, header(request, b"authorization"))
             return response
         url = pin_url(pin, self.gate.names, [r.url for r in self.replicas.replicas])
         return await self.proxy.handle(endpoint, request, pinned_prepare(self.proxy, endpoint, url))
 
     async def models(self, request: Request) -> Response:
-        auth = request.headers.get("authorization")
+        auth = header(request, b"authorization")
         data = await self.replicas.models({"authorization": auth} if auth else {})
         return _json({"object": "list", "data": data})
 
