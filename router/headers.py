@@ -22,15 +22,11 @@ def header(request: HTTPConnection, name: bytes, default: str | None = None) -> 
     raw: Any = request.scope["headers"]
     for key, value in raw:
         if key == name:
-            return str(value.decode("latin-1"))
+            decoded: str = value.decode("latin-1")
+            return decoded
     return default
 
 
 def has_header(request: HTTPConnection, name: bytes) -> bool:
     """Whether the request carries header ``name`` (lower case)."""
-    raw: Any = request.scope["headers"]
-    # A loop, not any() over a generator: pure Python, the generator costs a call per header.
-    for key, _ in raw:  # noqa: SIM110
-        if key == name:
-            return True
-    return False
+    return header(request, name) is not None
