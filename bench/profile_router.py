@@ -9,6 +9,10 @@ library, else the stdlib module) and lists the top functions by self and total t
 ``--perf``: Linux ``perf record`` instead of py-spy, for what py-spy cannot see: the
 kernel's share (system calls, loopback TCP) and native code (uvloop, the interpreter);
 the summary is ``perf report``'s split by object and its top symbols.
+``--syscalls``: count the router's system calls (``perf stat`` on the kernel's
+``syscalls:sys_enter_*`` tracepoints, which cost the router no sampling) and print them
+per request. ``--peer sglang-router|vllm-router``: the same for that Rust router
+(``cache_aware``, from ``--peers-venv``) instead of lmroute, for a like-for-like count.
 
     .venv/bin/python bench/profile_router.py --mode non-stream --out docs/profiles/x.txt
         [--lmroute-exe /path/to/other/checkout/.venv/bin/lmroute]
@@ -91,6 +95,25 @@ def perf_summary(data: Path, top: int = 30) -> str:
     return "\n".join(out)
 
 
+def syscall_summary(stat: str, requests: float) -> str:
+    """``perf stat -x,``'s counts -> system calls per request, most frequent first."""
+    rows, switches = [], 0
+    for line in stat.splitlines():
+        parts = line.split(",")
+        if len(parts) > 2 and parts[0].isdigit():
+            if parts[2].startswith("syscalls:sys_enter_"):
+                rows.append((int(parts[0]), parts[2].removeprefix("syscalls:sys_enter_")))
+            elif parts[2] == "context-switches":
+                switches = int(parts[0])
+    rows.sort(reverse=True)
+    total = sum(n for n, _ in rows)
+    out = [f"context switches per request: {switches / max(1, requests):.2f}",
+           f"system calls per request: {total / max(1, requests):.2f} "
+           f"({total} over {requests:.0f} requests)"]
+    out += [f"  {n / max(1, requests):8.2f}  {name}" for n, name in rows if n]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peers-venv", default=".venv-peers")
@@ -105,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                     ".venv/bin/lmroute): its profile, for before/after")
     ap.add_argument("--perf", action="store_true",
                     help="sample with Linux perf (kernel + native) instead of py-spy")
+    ap.add_argument("--syscalls", action="store_true",
+                    help="count system calls per request (perf stat) instead of sampling")
+    ap.add_argument("--peer", choices=("sglang-router", "vllm-router"),
+                    help="run this Rust router (cache_aware) instead of lmroute")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     py = sys.executable
@@ -120,16 +147,28 @@ def main(argv: list[str] | None = None) -> int:
                  "--token-delay", str(args.delay_ms / 1000 if paced else 0)], port, "backend"))
         port = free_port()
         exe = [args.lmroute_exe] if args.lmroute_exe else [py, "-m", "router.cli"]
+        urls = [f"http://{HOST}:{b}" for b in backends]
         cmd = ["taskset", "-c", ROUTER_CPU, *exe, "serve",
-               *[a for b in backends for a in ("--backend", f"http://{HOST}:{b}")],
+               *[a for u in urls for a in ("--backend", u)],
                "--policy", args.policy, "--host", HOST, "--port", str(port), "--drain-grace-s", "0",
                *args.lmroute_args]
-        proc = stack.enter_context(started(cmd, port, "lmroute"))
+        if args.peer:
+            cmd = ["taskset", "-c", ROUTER_CPU, str(Path(args.peers_venv) / "bin" / args.peer),
+                   *(["launch"] if args.peer == "sglang-router" else []), "--host", HOST,
+                   "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware",
+                   "--log-level", "error", "--prometheus-port", str(free_port()),
+                   "--prometheus-host", HOST]
+        proc = stack.enter_context(started(cmd, port, args.peer or "lmroute"))
         if not paced:
             check_replies(port, "lmroute")
         run_wrk(port, lua, cpu=LOAD_CPU, threads=2, conns=64, duration_s=2)
         raw = Path(tmp) / "raw.txt"
-        if args.perf:
+        if args.syscalls:
+            sampler = subprocess.Popen(["perf", "stat", "-x,", "-o", str(raw), "-e",
+                                        "syscalls:sys_enter_*,context-switches",
+                                        "-p", str(proc.pid), "--", "sleep", str(args.duration)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        elif args.perf:
             sampler = subprocess.Popen(["perf", "record", "-F", str(args.rate), "-o", str(raw),
                                         "-p", str(proc.pid), "--", "sleep", str(args.duration)],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -144,17 +183,23 @@ def main(argv: list[str] | None = None) -> int:
         stats, _ = run_wrk(port, lua, cpu=LOAD_CPU, threads=2, conns=64, duration_s=args.duration - 1)
         cpu = tree_cpu_s(proc.pid) - cpu0
         sampler.wait(timeout=60)
-        text = perf_summary(raw) if args.perf else raw.read_text()
-        if not args.perf:
+        if args.syscalls:
+            text = syscall_summary(raw.read_text(), stats["requests"])
+        else:
+            text = perf_summary(raw) if args.perf else raw.read_text()
+        if not (args.perf or args.syscalls):
             Path("out").mkdir(exist_ok=True)
             Path("out", args.out.stem + ".raw").write_text(text)  # for flame graphs
     per_req = cpu / max(1, stats["requests"]) * 1e6
     who = args.lmroute_exe or "this checkout"
-    head = (f"{who}: lmroute serve --policy {args.policy} {' '.join(args.lmroute_args)}; "
+    what = (f"{args.peer} cache_aware" if args.peer else
+            f"{who}: lmroute serve --policy {args.policy} {' '.join(args.lmroute_args)}")
+    sampled = "perf stat" if args.syscalls else "perf" if args.perf else "py-spy"
+    head = (f"{what}; "
             f"mode {args.mode}; "
             f"wrk -t2 -c64: {stats['rps']:.0f} req/s, router CPU {per_req:.0f}"
-            f" us/request; {'perf' if args.perf else 'py-spy'} {args.rate}/s\n")
-    summary = head + (text if args.perf else summarise(text))
+            f" us/request; {sampled} {args.rate}/s\n")
+    summary = head + (text if args.perf or args.syscalls else summarise(text))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(summary + "\n")
     print(summary)
