@@ -53,6 +53,7 @@ COMPILED = [
     "router/forward.py",
     "router/gate.py",
     "router/headers.py",
+    "router/held_head.py",
     "router/hotpath.py",
     "router/ids.py",
     "router/in_flight.py",
