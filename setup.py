@@ -53,7 +53,6 @@ COMPILED = [
     "router/forward.py",
     "router/gate.py",
     "router/headers.py",
-    "router/held_head.py",
     "router/hotpath.py",
     "router/ids.py",
     "router/in_flight.py",

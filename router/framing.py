@@ -7,29 +7,16 @@ protocol with only that answer replaced: the same status and ``connection: close
 OpenAI-shaped JSON body (code ``malformed_http``). What it cannot change: a client that
 sends a valid head and then too few body bytes is not a framing error to uvicorn (the app
 sees a disconnect), and a connection closed mid-head gets no answer at all.
-
-It also hands each request's uvicorn cycle a ``router.held_head.HeldHead`` as its
-transport until the response's head is out, so a buffered response's head and body go
-out in one write.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from router.errors import error_body
-from router.held_head import HeldHead
 
 
 class JsonFramingProtocol(HttpToolsProtocol):
-    def on_headers_complete(self) -> None:
-        super().on_headers_complete()
-        cycle: Any = self.cycle  # None, or an earlier request's cycle, after an upgrade
-        if cycle is not None and getattr(cycle, "transport", None) is self.transport:
-            cycle.transport = HeldHead(cycle, self.transport)
-
     def send_400_response(self, msg: str) -> None:
         body = error_body(f"malformed HTTP request: {msg}", "invalid_request_error", None,
                           "malformed_http")
