@@ -194,11 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     who = args.lmroute_exe or "this checkout"
     what = (f"{args.peer} cache_aware" if args.peer else
             f"{who}: lmroute serve --policy {args.policy} {' '.join(args.lmroute_args)}")
-    sampled = "perf stat" if args.syscalls else "perf" if args.perf else "py-spy"
+    sampled = ("perf stat" if args.syscalls else
+               f"{'perf' if args.perf else 'py-spy'} {args.rate}/s")
     head = (f"{what}; "
             f"mode {args.mode}; "
             f"wrk -t2 -c64: {stats['rps']:.0f} req/s, router CPU {per_req:.0f}"
-            f" us/request; {sampled} {args.rate}/s\n")
+            f" us/request; {sampled}\n")
     summary = head + (text if args.perf or args.syscalls else summarise(text))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(summary + "\n")
