@@ -153,7 +153,7 @@ class Gate:
         if not self.admin_key or not hmac.compare_digest(token.encode(), self.admin_key.encode()):
             raise PinForbidden(f"{PIN_HEADER} needs the admin key (Authorization: Bearer KEY)"
                                + ("" if self.admin_key else "; this router has none"))
-        request.scope.setdefault("state", {})["pin"] = request.headers[PIN_HEADER]
+        request.scope.setdefault("state", {})["pin"] = header(request, _PIN_RAW)
 
     def _admin(self, request: Request, access: Access) -> None:
         if not self.admin_key:
