@@ -13,11 +13,11 @@ and ``added_tokens`` of new user text, separated by exponential think times of m
 ``least_loaded`` balances) is a poor measure of queued prefill work.
 
 ``--kill-at S`` stops replica 0 at model second S of every cell (replica loss: its
-sessions must move). Results follow the simulator's JSON contract: rows with policy,
+sessions must move); each turn's row carries when the stop began and ended. Results follow the simulator's JSON contract: rows with policy,
 pool, load, n and TTFT mean/p50/p90/p99 in model seconds (wall / ``time_scale``).
 
 Presented as a markdown table per (load, policy), with ``--kill-at`` a failover summary
-per policy (``failover_summary``), and a plot of mean and p90 TTFT against load.
+per (policy, load) cell (``failover_summary``), and a plot of mean and p90 TTFT against load.
 """
 
 from __future__ import annotations
@@ -138,12 +138,18 @@ async def run_cell(cfg: LiveConfig, policy: str, load: float,
         t0 = time.perf_counter()
         tasks = [asyncio.create_task(_session(client, deployment.router_url, p, cfg, t0,
                                               on_turn)) for p in plans]
+        kill: dict[str, float | None] = {"kill_began_s": None, "killed_s": None}
         if cfg.kill_at is not None:
             await asyncio.sleep(cfg.kill_at * cfg.time_scale)
+            # When the stop began and when the replica was gone, not when it was asked to go:
+            # on a busy machine the sleep overruns ``kill_at``, and the stop itself takes a
+            # while, in which turns can still reach the replica or already fail over.
+            kill["kill_began_s"] = (time.perf_counter() - t0) / cfg.time_scale
             await deployment.stop_replica(0)
+            kill["killed_s"] = (time.perf_counter() - t0) / cfg.time_scale
         results = await asyncio.gather(*tasks)
     lost = deployment.replica_urls[0] if cfg.kill_at is not None else None
-    return [row | {"policy": policy, "load": load, "lost_replica": lost}
+    return [row | {"policy": policy, "load": load, "lost_replica": lost} | kill
             for rows in results for row in rows]
 
 
@@ -174,23 +180,31 @@ def table(doc: dict[str, Any]) -> str:
 
 
 def failover_summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per policy, with ``--kill-at``: the first turn of each session that had to leave the
-    lost replica, against that policy's own pool-hit and GPU-hit turns (model seconds)."""
-    kill = doc["params"]["kill_at"]
+    """Per (policy, load) cell, with ``--kill-at``: the first turn of each session that had to
+    leave the lost replica, against that cell's own pool-hit and first turns (model seconds).
+
+    A session moved at its first turn sent after the stop began (``kill_began_s``, which a
+    busy machine puts after ``kill_at``) that went elsewhere while its turn before went to
+    the lost replica; a turn that still reached the replica while it stopped is no move.
+    Documents from before the time was recorded carry only ``kill_at``."""
     out = []
-    for policy in dict.fromkeys(t["policy"] for t in doc["turns"]):
-        turns = sorted((t for t in doc["turns"] if t["policy"] == policy and "ttft_s" in t),
+    for policy, load in dict.fromkeys((t["policy"], t["load"]) for t in doc["turns"]):
+        turns = sorted((t for t in doc["turns"]
+                        if t["policy"] == policy and t["load"] == load and "ttft_s" in t),
                        key=lambda t: t["sent_s"])
-        lost = turns[0]["lost_replica"] if turns else None
+        if not turns:
+            continue
+        lost = turns[0]["lost_replica"]
+        kill = turns[0].get("kill_began_s") or doc["params"]["kill_at"]
         last: dict[int, str] = {}
         moved: list[float] = []
         for t in turns:
-            if t["sent_s"] >= kill and last.get(t["session"]) == lost:
+            if t["sent_s"] >= kill and last.get(t["session"]) == lost and t["replica"] != lost:
                 moved.append(t["ttft_s"])
             last[t["session"]] = t["replica"]
         pool = [t["ttft_s"] for t in turns if t["reason"] == "pool-hit"]
         cold = [t["ttft_s"] for t in turns if t["turn"] == 0]
-        out.append({"policy": policy, "moved_sessions": len(moved),
+        out.append({"policy": policy, "load": load, "moved_sessions": len(moved),
                     "moved_first_turn_ttft_median_s": _median(moved),
                     "pool_hit_ttft_median_s": _median(pool),
                     "first_turn_ttft_median_s": _median(cold)})
