@@ -89,6 +89,8 @@ def lax_int(value: Any) -> int | None:
 def lax_bool(value: Any) -> bool | None:
     """pydantic's lax ``bool``: true/false, 0/1, and the words of ``policies.options``
     plus pydantic's one-letter t/f/y/n."""
+    if value is True or value is False:  # what clients send: no trip through coerce's lookups
+        return value
     if isinstance(value, str) and value.strip().lower() in ("t", "y", "f", "n"):
         return value.strip().lower() in ("t", "y")
     if isinstance(value, float) and value in (0.0, 1.0):
