@@ -8,11 +8,15 @@ samples by where the time goes (package of the innermost frame outside the stand
 library, else the stdlib module) and lists the top functions by self and total time.
 ``--perf``: Linux ``perf record`` instead of py-spy, for what py-spy cannot see: the
 kernel's share (system calls, loopback TCP) and native code (uvloop, the interpreter);
-the summary is ``perf report``'s split by object and its top symbols.
+the summary is ``perf report``'s split by object and its top symbols; ``--call-graph``
+records call chains too and adds, for each symbol over 3 % of the samples, the chains
+that called it.
 ``--syscalls``: count the router's system calls (``perf stat`` on the kernel's
 ``syscalls:sys_enter_*`` tracepoints, which cost the router no sampling) and print them
-per request. ``--peer sglang-router|vllm-router``: the same for that Rust router
-(``cache_aware``, from ``--peers-venv``) instead of lmroute, for a like-for-like count.
+per request, and each thread's voluntary and involuntary context switches (from
+``/proc``: which thread sleeps, and how often). ``--peer sglang-router|vllm-router``: the
+same for that Rust router (``cache_aware``, from ``--peers-venv``) instead of lmroute, for
+a like-for-like count.
 
     .venv/bin/python bench/profile_router.py --mode non-stream --out docs/profiles/x.txt
         [--lmroute-exe /path/to/other/checkout/.venv/bin/lmroute]
@@ -82,22 +86,63 @@ def summarise(raw: str, top: int = 25) -> str:
     return "\n".join(out)
 
 
-def perf_summary(data: Path, top: int = 30) -> str:
+def perf_summary(data: Path, top: int = 30, chains: bool = False) -> str:
     """``perf report``'s share of samples by object (kernel, libpython, uvloop, ...) and
-    its top symbols."""
+    its top symbols; with ``chains`` (a ``perf record -g``), the call chains into each
+    symbol over 3 % of the samples, from it out to its callers (a Rust router's user-space
+    frames have no frame pointers; its kernel frames still show)."""
     out = []
     for sort, n in (("dso", 15), ("dso,sym", top)):
         report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children",
-                                 "--sort", sort, "--percent-limit", "0.3"],
+                                 "--sort", sort, "--percent-limit", "0.3", "-g", "none"],
                                 capture_output=True, text=True, check=True).stdout
         rows = [line for line in report.splitlines() if line.strip() and not line.startswith("#")]
         out += [f"perf report --sort {sort} (top {n}):", *rows[:n], ""]
+    if chains:
+        report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children",
+                                 "--sort", "sym", "-g", "graph,0.5,callee",
+                                 "--percent-limit", "3"],
+                                capture_output=True, text=True, check=True).stdout
+        rows = [line for line in report.splitlines() if line.strip() and not line.startswith("#")]
+        out += ["perf report --sort sym -g graph,0.5,callee (symbols over 3 %, each with the "
+                "chains that called it, innermost first):", *rows, ""]
     return "\n".join(out)
 
 
+def thread_switches(pid: int) -> dict[str, tuple[int, int]]:
+    """Each thread of ``pid`` ("tid name") -> its (voluntary, involuntary) context switches
+    so far, from ``/proc``."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text().splitlines()
+            name = (task / "comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        counts = {k: int(v) for k, _, v in (line.partition(":\t") for line in status)
+                  if k in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")}
+        out[f"{task.name} {name}"] = (counts["voluntary_ctxt_switches"],
+                                      counts["nonvoluntary_ctxt_switches"])
+    return out
+
+
+def switches_summary(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]],
+                     requests: float) -> str:
+    """Per request, each thread's context switches between two ``thread_switches``."""
+    rows = ["context switches per request by thread (voluntary, involuntary):"]
+    for thread, (vol, invol) in after.items():
+        vol0, invol0 = before.get(thread, (0, 0))
+        rows.append(f"  {(vol - vol0) / requests:8.3f} {(invol - invol0) / requests:8.3f}"
+                    f"  {thread}")
+    return "\n".join(rows) + "\n"
+
+
 def syscall_summary(stat: str, requests: float) -> str:
-    """``perf stat -x,``'s counts -> system calls per request, most frequent first."""
-    rows, switches = [], 0
+    """``perf stat -x,``'s counts -> system calls per request, most frequent first, with the
+    router's context switches and the sleeping tasks it woke (``sched:sched_waking`` fires
+    in the waker, only for a task that was asleep: a write to a peer that is not yet
+    reading wakes it, one to a peer already awake does not)."""
+    rows, switches, wakes = [], 0, 0
     for line in stat.splitlines():
         parts = line.split(",")
         if len(parts) > 2 and parts[0].isdigit():
@@ -105,9 +150,12 @@ def syscall_summary(stat: str, requests: float) -> str:
                 rows.append((int(parts[0]), parts[2].removeprefix("syscalls:sys_enter_")))
             elif parts[2] == "context-switches":
                 switches = int(parts[0])
+            elif parts[2] == "sched:sched_waking":
+                wakes = int(parts[0])
     rows.sort(reverse=True)
     total = sum(n for n, _ in rows)
     out = [f"context switches per request: {switches / max(1, requests):.2f}",
+           f"sleeping tasks woken per request: {wakes / max(1, requests):.2f}",
            f"system calls per request: {total / max(1, requests):.2f} "
            f"({total} over {requests:.0f} requests)"]
     out += [f"  {n / max(1, requests):8.2f}  {name}" for n, name in rows if n]
@@ -128,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                     ".venv/bin/lmroute): its profile, for before/after")
     ap.add_argument("--perf", action="store_true",
                     help="sample with Linux perf (kernel + native) instead of py-spy")
+    ap.add_argument("--call-graph", action="store_true",
+                    help="with --perf: record call chains; the summary adds the chains into "
+                         "each symbol over 3 %% of the samples")
     ap.add_argument("--syscalls", action="store_true",
                     help="count system calls per request (perf stat) instead of sampling")
     ap.add_argument("--peer", choices=("sglang-router", "vllm-router"),
@@ -165,11 +216,12 @@ def main(argv: list[str] | None = None) -> int:
         raw = Path(tmp) / "raw.txt"
         if args.syscalls:
             sampler = subprocess.Popen(["perf", "stat", "-x,", "-o", str(raw), "-e",
-                                        "syscalls:sys_enter_*,context-switches",
+                                        "syscalls:sys_enter_*,context-switches,sched:sched_waking",
                                         "-p", str(proc.pid), "--", "sleep", str(args.duration)],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         elif args.perf:
             sampler = subprocess.Popen(["perf", "record", "-F", str(args.rate), "-o", str(raw),
+                                        *(["-g"] if args.call_graph else []),
                                         "-p", str(proc.pid), "--", "sleep", str(args.duration)],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         else:
@@ -179,14 +231,17 @@ def main(argv: list[str] | None = None) -> int:
                                         "-p", str(proc.pid), "--nonblocking"],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)
+        switches0 = thread_switches(proc.pid)
         cpu0 = tree_cpu_s(proc.pid)
         stats, _ = run_wrk(port, lua, cpu=LOAD_CPU, threads=2, conns=64, duration_s=args.duration - 1)
         cpu = tree_cpu_s(proc.pid) - cpu0
+        switches = thread_switches(proc.pid)
         sampler.wait(timeout=60)
         if args.syscalls:
-            text = syscall_summary(raw.read_text(), stats["requests"])
+            text = (syscall_summary(raw.read_text(), stats["requests"]).rstrip("\n") + "\n\n"
+                    + switches_summary(switches0, switches, stats["requests"]))
         else:
-            text = perf_summary(raw) if args.perf else raw.read_text()
+            text = perf_summary(raw, chains=args.call_graph) if args.perf else raw.read_text()
         if not (args.perf or args.syscalls):
             Path("out").mkdir(exist_ok=True)
             Path("out", args.out.stem + ".raw").write_text(text)  # for flame graphs
