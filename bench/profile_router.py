@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--call-graph", action="store_true",
                     help="with --perf: record call chains; the summary adds the chains into "
                          "each symbol over 3 %% of the samples")
+    ap.add_argument("--perf-data", type=Path,
+                    help="with --perf: keep perf's data file here, for perf report")
     ap.add_argument("--syscalls", action="store_true",
                     help="count system calls per request (perf stat) instead of sampling")
     ap.add_argument("--peer", choices=("sglang-router", "vllm-router"),
@@ -242,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                     + switches_summary(switches0, switches, stats["requests"]))
         else:
             text = perf_summary(raw, chains=args.call_graph) if args.perf else raw.read_text()
+            if args.perf and args.perf_data:
+                shutil.copyfile(raw, args.perf_data)
         if not (args.perf or args.syscalls):
             Path("out").mkdir(exist_ok=True)
             Path("out", args.out.stem + ".raw").write_text(text)  # for flame graphs
