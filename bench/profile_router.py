@@ -8,9 +8,12 @@ samples by where the time goes (package of the innermost frame outside the stand
 library, else the stdlib module) and lists the top functions by self and total time.
 ``--perf``: Linux ``perf record`` instead of py-spy, for what py-spy cannot see: the
 kernel's share (system calls, loopback TCP) and native code (uvloop, the interpreter);
-the summary is ``perf report``'s split by object and its top symbols; ``--call-graph``
+the summary is ``perf report``'s split by object and its top symbols; ``--call-graph fp``
 records call chains too and adds, for each symbol over 3 % of the samples, the chains
-that called it.
+that called it (frame pointers: whole in the kernel, cut short in libpython and compiled
+code); ``--call-graph dwarf`` unwinds user space too and lists each compiled function's
+inclusive share instead (``perf report --children``): what the router's own code costs,
+callees in libpython included.
 ``--syscalls``: count the router's system calls (``perf stat`` on the kernel's
 ``syscalls:sys_enter_*`` tracepoints, which cost the router no sampling) and print them
 per request, and each thread's voluntary and involuntary context switches (from
@@ -87,11 +90,12 @@ def summarise(raw: str, top: int = 25) -> str:
     return "\n".join(out)
 
 
-def perf_summary(data: Path, top: int = 30, chains: bool = False) -> str:
+def perf_summary(data: Path, top: int = 30, chains: str | None = None) -> str:
     """``perf report``'s share of samples by object (kernel, libpython, uvloop, ...) and
-    its top symbols; with ``chains`` (a ``perf record -g``), the call chains into each
-    symbol over 3 % of the samples, from it out to its callers (a Rust router's user-space
-    frames have no frame pointers; its kernel frames still show)."""
+    its top symbols. ``chains="fp"`` (``perf record --call-graph fp``): the call chains into
+    each symbol over 3 % of the samples, from it out to its callers (a Rust router's
+    user-space frames have no frame pointers; its kernel frames still show).
+    ``chains="dwarf"``: the inclusive share of each compiled (mypyc) function."""
     out = []
     for sort, n in (("dso", 15), ("dso,sym", top)):
         report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children",
@@ -99,7 +103,7 @@ def perf_summary(data: Path, top: int = 30, chains: bool = False) -> str:
                                 capture_output=True, text=True, check=True).stdout
         rows = [line for line in report.splitlines() if line.strip() and not line.startswith("#")]
         out += [f"perf report --sort {sort} (top {n}):", *rows[:n], ""]
-    if chains:
+    if chains == "fp":
         report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children",
                                  "--sort", "sym", "-g", "graph,0.5,callee",
                                  "--percent-limit", "3"],
@@ -107,6 +111,13 @@ def perf_summary(data: Path, top: int = 30, chains: bool = False) -> str:
         rows = [line for line in report.splitlines() if line.strip() and not line.startswith("#")]
         out += ["perf report --sort sym -g graph,0.5,callee (symbols over 3 %, each with the "
                 "chains that called it, innermost first):", *rows, ""]
+    elif chains == "dwarf":
+        report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--children",
+                                 "--sort", "sym", "-g", "none", "--percent-limit", "0.3"],
+                                capture_output=True, text=True, check=True).stdout
+        rows = [line for line in report.splitlines() if "CPyDef_" in line]
+        out += ["perf report --children: compiled functions over 0.3 %, with what they call "
+                "(children, self, symbol):", *rows[:2 * top], ""]
     return "\n".join(out)
 
 
@@ -177,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
                     ".venv/bin/lmroute): its profile, for before/after")
     ap.add_argument("--perf", action="store_true",
                     help="sample with Linux perf (kernel + native) instead of py-spy")
-    ap.add_argument("--call-graph", action="store_true",
-                    help="with --perf: record call chains; the summary adds the chains into "
-                         "each symbol over 3 %% of the samples")
+    ap.add_argument("--call-graph", choices=("fp", "dwarf"),
+                    help="with --perf: record call chains; fp (frame pointers) adds the chains "
+                         "into each symbol over 3 %% of the samples, dwarf (user space unwound "
+                         "too) each compiled function's inclusive share")
     ap.add_argument("--perf-data", type=Path,
                     help="with --perf: keep perf's data file here, for perf report")
     ap.add_argument("--syscalls", action="store_true",
@@ -224,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         elif args.perf:
             sampler = subprocess.Popen(["perf", "record", "-F", str(args.rate), "-o", str(raw),
-                                        *(["-g"] if args.call_graph else []),
+                                        *(["--call-graph", "dwarf,16384" if args.call_graph == "dwarf"
+                                          else "fp"] if args.call_graph else []),
                                         "-p", str(proc.pid), "--", "sleep", str(args.duration)],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         else:
