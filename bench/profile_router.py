@@ -5,7 +5,9 @@ Layout as ``peers.py``: the router on core 0, two fast backends and wrk on core 
 ``--duration`` seconds of ``wrk -t2 -c64`` (``--mode stream|non-stream``, or ``paced``:
 backends that send ``--events`` events ``--delay-ms`` apart). The summary groups the
 samples by where the time goes (package of the innermost frame outside the standard
-library, else the stdlib module) and lists the top functions by self and total time.
+library, else the stdlib module) and lists the top functions by self and total time;
+``--native`` (py-spy's native stacks) gives instead the share by layer: compiled code,
+uvicorn (its socket writes apart), the event loop, the rest (``layers``).
 ``--perf``: Linux ``perf record`` instead of py-spy, for what py-spy cannot see: the
 kernel's share (system calls, loopback TCP) and native code (uvloop, the interpreter);
 the summary is ``perf report``'s split by object and its top symbols; ``--call-graph fp``
@@ -87,6 +89,50 @@ def summarise(raw: str, top: int = 25) -> str:
     mine = [(f, n) for f, n in incl_fn.most_common() if group_of(f) in ("router", "policies")]
     out += ["", f"top {2 * top} router/policies functions by total time:"]
     out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in mine[:2 * top]]
+    return "\n".join(out)
+
+
+def _is_compiled(frame: str) -> bool:
+    """A frame of mypyc-compiled code (``make fast``): its C functions' names."""
+    return frame.startswith(("CPyDef_", "CPyPy_"))
+
+
+def layers(raw: str) -> str:
+    """``py-spy --native`` stacks -> the share of samples by the layer that runs them: the
+    innermost frame that is Python or compiled (mypyc) code decides; below it, native
+    frames (C libraries, system calls) count to it. uvicorn's share is split into what
+    its socket writes cost (a ``write`` frame below it, which any server would make) and
+    the rest: its Python and the C it calls (httptools parsing the client's request)."""
+    total = 0
+    by: collections.Counter[str] = collections.Counter()
+    uvicorn: collections.Counter[str] = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(n)
+        total += count
+        frames = stack.split(";")
+        layer, below = "native only", frames
+        for i in range(len(frames) - 1, -1, -1):
+            if _is_compiled(frames[i]):
+                layer = "compiled (router, policies)"
+                break
+            if ".py:" in frames[i]:
+                # uvloop is C: what runs under asyncio's Runner and no Python or compiled
+                # frame is the loop itself (polling, the reads it makes, task steps)
+                layer = ("event loop (uvloop)" if frames[i].startswith("Runner.run ")
+                         else group_of(frames[i]))
+                below = frames[i + 1:]
+                break
+        by[layer] += count
+        if layer == "uvicorn":
+            uvicorn["its socket writes" if any("write" in f for f in below)
+                    else "its Python and the C it calls"] += count
+    out = [f"samples: {total}", "", "share by layer (innermost Python or compiled frame):"]
+    out += [f"  {100 * n / total:5.1f}%  {g}" for g, n in by.most_common(12)]
+    out += ["", "uvicorn's share, split:"]
+    out += [f"  {100 * n / total:5.1f}%  {g}" for g, n in uvicorn.most_common()]
     return "\n".join(out)
 
 
@@ -192,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --perf: record call chains; fp (frame pointers) adds the chains "
                          "into each symbol over 3 %% of the samples, dwarf (user space unwound "
                          "too) each compiled function's inclusive share")
+    ap.add_argument("--native", action="store_true",
+                    help="py-spy --native: stacks through C and compiled code; the summary "
+                         "is the share by layer (compiled code, uvicorn, the event loop)")
     ap.add_argument("--perf-data", type=Path,
                     help="with --perf: keep perf's data file here, for perf report")
     ap.add_argument("--syscalls", action="store_true",
@@ -244,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             spy_exe = str(Path(args.peers_venv) / "bin" / "py-spy")
             sampler = subprocess.Popen([spy_exe, "record", "--format", "raw", "-o", str(raw),
                                         "-r", str(args.rate), "-d", str(args.duration),
-                                        "-p", str(proc.pid), "--nonblocking"],
+                                        "-p", str(proc.pid),
+                                        "--native" if args.native else "--nonblocking"],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)
         switches0 = thread_switches(proc.pid)
@@ -273,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             f"mode {args.mode}; "
             f"wrk -t2 -c64: {stats['rps']:.0f} req/s, router CPU {per_req:.0f}"
             f" us/request; {sampled}\n")
-    summary = head + (text if args.perf or args.syscalls else summarise(text))
+    summary = head + (text if args.perf or args.syscalls
+                      else layers(text) if args.native else summarise(text))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(summary + "\n")
     print(summary)
