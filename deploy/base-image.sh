@@ -2,11 +2,12 @@
 # Build local Debian bookworm images for machines that reach no container registry (the
 # tests' machine): a base with Python 3.11 (debootstrap --variant=minbase into a
 # directory, then `docker import`), which the router's Dockerfile takes as
-# --build-arg BASE=IMAGE, and a Redis image on that base (Debian's redis-server 7.0, the
-# emulated compose stack's REDIS_IMAGE).
+# --build-arg BASE=IMAGE; a build image on that base with a C compiler and the Python
+# headers (--build-arg BUILD_BASE=IMAGE: the compiled build's stage); and a Redis image on
+# the base (Debian's redis-server 7.0, the emulated compose stack's REDIS_IMAGE).
 #
-#   deploy/base-image.sh [IMAGE [REDIS_IMAGE]]
-#       defaults: lmroute-base:bookworm, lmroute-redis:bookworm
+#   deploy/base-image.sh [IMAGE [REDIS_IMAGE [BUILD_IMAGE]]]
+#       defaults: lmroute-base:bookworm, lmroute-redis:bookworm, lmroute-build:bookworm
 #
 # Skips an image that exists. Needs root, debootstrap and a running dockerd; the
 # Debian mirror is debootstrap's default unless DEBIAN_MIRROR is set (e.g. to the host's).
@@ -15,23 +16,28 @@
 set -euo pipefail
 IMAGE=${1:-lmroute-base:bookworm}
 REDIS_IMAGE=${2:-lmroute-redis:bookworm}
+BUILD_IMAGE=${3:-lmroute-build:bookworm}
 
-redis_image() {
-  if docker image inspect "$REDIS_IMAGE" >/dev/null 2>&1; then
-    echo "redis image $REDIS_IMAGE exists"
+# An image FROM the base with Debian's packages $2... added (apt inside the base reaches the
+# Debian mirror through the host's network), tagged $1; skipped if it exists.
+on_base() {
+  local tag=$1
+  shift
+  if docker image inspect "$tag" >/dev/null 2>&1; then
+    echo "image $tag exists"
     return
   fi
-  # The build reaches the Debian mirror through the host's network (apt inside the base).
   printf '%s\n' "FROM $IMAGE" \
-    "RUN apt-get update && apt-get install -y --no-install-recommends redis-server \\" \
+    "RUN apt-get update && apt-get install -y --no-install-recommends $* \\" \
     " && rm -rf /var/lib/apt/lists/*" \
-    | DOCKER_BUILDKIT=0 docker build -q --network host -t "$REDIS_IMAGE" - >/dev/null
-  echo "built redis image $REDIS_IMAGE"
+    | DOCKER_BUILDKIT=0 docker build -q --network host -t "$tag" - >/dev/null
+  echo "built image $tag"
 }
 
 if docker image inspect "$IMAGE" >/dev/null 2>&1; then
   echo "base image $IMAGE exists"
-  redis_image
+  on_base "$REDIS_IMAGE" redis-server
+  on_base "$BUILD_IMAGE" gcc libc6-dev python3-dev
   exit 0
 fi
 ROOT=$(mktemp -d /tmp/lmroute-base.XXXXXX)
@@ -46,4 +52,5 @@ tar -C "$ROOT" -c . | docker import \
   --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' - "$IMAGE"
 echo "built base image $IMAGE"
-redis_image
+on_base "$REDIS_IMAGE" redis-server
+on_base "$BUILD_IMAGE" gcc libc6-dev python3-dev

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What `make test-deploy` needs before its tests: Docker and docker-compose (Debian's
-# packages, installed when missing), a running dockerd, the local base and Redis images
-# (deploy/base-image.sh), the wheels for an offline build (deploy/wheels.sh) and the
-# router image itself, tagged IMAGE (default lmroute:test). Needs root (apt, dockerd).
+# packages, installed when missing), a running dockerd, the local base, build and Redis
+# images (deploy/base-image.sh), the wheels for an offline build (deploy/wheels.sh) and
+# the router image itself, compiled, tagged IMAGE (default lmroute:test). Needs root
+# (apt, dockerd).
 # Prints the seconds each step took.
 #
 #   deploy/test-setup.sh [IMAGE]
@@ -38,6 +39,7 @@ start_dockerd() {
 
 build_router() {
   DOCKER_BUILDKIT=0 docker build -q --build-arg BASE=lmroute-base:bookworm \
+    --build-arg BUILD_BASE=lmroute-build:bookworm \
     --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/wheels -t "$IMAGE" . >/dev/null
 }
 

@@ -50,6 +50,12 @@ def test_router_image_is_small_non_root_and_serves(report: dict[str, Any]) -> No
     report["image_bytes"] = size
     assert size < MAX_IMAGE_BYTES
     assert _docker("run", "--rm", "--entrypoint", "id", IMAGE, "-u").strip() != "0"
+    # The compiled build (the Dockerfile's COMPILED=1): the hot modules are C extensions,
+    # and the compiler's packages did not come along.
+    where = _docker("run", "--rm", "--entrypoint", "python", IMAGE, "-c",
+                    "import importlib.util as u, policies.locality as m, router.proxy as p; "
+                    "print(m.__file__, p.__file__, u.find_spec('mypy') is None)").split()
+    assert where[0].endswith(".so") and where[1].endswith(".so") and where[2] == "True", where
     port = free_port()
     name = f"lmroute-start-{port}"
     started = time.monotonic()
