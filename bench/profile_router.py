@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -54,18 +55,23 @@ def group_of(frame: str) -> str:
     return path.split("/")[0] if "/" in path else path.split(":")[0]
 
 
+def stacks(raw: str) -> Iterator[tuple[list[str], int]]:
+    """py-spy's raw output (``frame;frame;... count`` a line, outermost first) -> each
+    stack's frames and its sample count."""
+    for line in raw.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if stack:
+            yield stack.split(";"), int(n)
+
+
 def summarise(raw: str, top: int = 25) -> str:
     total = 0
     by_group: collections.Counter[str] = collections.Counter()
     self_fn: collections.Counter[str] = collections.Counter()
     incl_fn: collections.Counter[str] = collections.Counter()
     incl_group: collections.Counter[str] = collections.Counter()
-    for line in raw.splitlines():
-        stack, _, n = line.rpartition(" ")
-        if not stack:
-            continue
-        count = int(n)
-        frames = stack.split(";")[1:]  # drop the thread/process root
+    for stack, count in stacks(raw):
+        frames = stack[1:]  # drop the thread/process root
         total += count
         if not frames:
             continue
@@ -106,13 +112,8 @@ def layers(raw: str) -> str:
     total = 0
     by: collections.Counter[str] = collections.Counter()
     uvicorn: collections.Counter[str] = collections.Counter()
-    for line in raw.splitlines():
-        stack, _, n = line.rpartition(" ")
-        if not stack:
-            continue
-        count = int(n)
+    for frames, count in stacks(raw):
         total += count
-        frames = stack.split(";")
         layer, below = "native only", frames
         for i in range(len(frames) - 1, -1, -1):
             if _is_compiled(frames[i]):
