@@ -13,8 +13,9 @@ and ``added_tokens`` of new user text, separated by exponential think times of m
 ``least_loaded`` balances) is a poor measure of queued prefill work.
 
 ``--kill-at S`` stops replica 0 at model second S of every cell (replica loss: its
-sessions must move); each turn's row carries when the stop began and ended. Results follow the simulator's JSON contract: rows with policy,
-pool, load, n and TTFT mean/p50/p90/p99 in model seconds (wall / ``time_scale``).
+sessions must move); each turn's row carries when the stop began and ended. Results
+follow the simulator's JSON contract: rows with policy, pool, load, n and TTFT
+mean/p50/p90/p99 in model seconds (wall / ``time_scale``).
 
 Presented as a markdown table per (load, policy), with ``--kill-at`` a failover summary
 per (policy, load) cell (``failover_summary``), and a plot of mean and p90 TTFT against load.
