@@ -137,6 +137,14 @@ def layers(raw: str) -> str:
     return "\n".join(out)
 
 
+def _perf_report(data: Path, *options: str) -> list[str]:
+    """``perf report --stdio`` on ``data`` with ``options``: its lines, comments and blank
+    lines left out."""
+    report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", *options],
+                            capture_output=True, text=True, check=True).stdout
+    return [line for line in report.splitlines() if line.strip() and not line.startswith("#")]
+
+
 def perf_summary(data: Path, top: int = 30, chains: str | None = None) -> str:
     """``perf report``'s share of samples by object (kernel, libpython, uvloop, ...) and
     its top symbols. ``chains="fp"`` (``perf record --call-graph fp``): the call chains into
@@ -145,24 +153,17 @@ def perf_summary(data: Path, top: int = 30, chains: str | None = None) -> str:
     ``chains="dwarf"``: the inclusive share of each compiled (mypyc) function."""
     out = []
     for sort, n in (("dso", 15), ("dso,sym", top)):
-        report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children",
-                                 "--sort", sort, "--percent-limit", "0.3", "-g", "none"],
-                                capture_output=True, text=True, check=True).stdout
-        rows = [line for line in report.splitlines() if line.strip() and not line.startswith("#")]
+        rows = _perf_report(data, "--no-children", "--sort", sort, "--percent-limit", "0.3",
+                            "-g", "none")
         out += [f"perf report --sort {sort} (top {n}):", *rows[:n], ""]
     if chains == "fp":
-        report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children",
-                                 "--sort", "sym", "-g", "graph,0.5,callee",
-                                 "--percent-limit", "3"],
-                                capture_output=True, text=True, check=True).stdout
-        rows = [line for line in report.splitlines() if line.strip() and not line.startswith("#")]
+        rows = _perf_report(data, "--no-children", "--sort", "sym", "-g", "graph,0.5,callee",
+                            "--percent-limit", "3")
         out += ["perf report --sort sym -g graph,0.5,callee (symbols over 3 %, each with the "
                 "chains that called it, innermost first):", *rows, ""]
     elif chains == "dwarf":
-        report = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--children",
-                                 "--sort", "sym", "-g", "none", "--percent-limit", "0.3"],
-                                capture_output=True, text=True, check=True).stdout
-        rows = [line for line in report.splitlines() if "CPyDef_" in line]
+        rows = [line for line in _perf_report(data, "--children", "--sort", "sym", "-g", "none",
+                                              "--percent-limit", "0.3") if "CPyDef_" in line]
         out += ["perf report --children: compiled functions over 0.3 %, with what they call "
                 "(children, self, symbol):", *rows[:2 * top], ""]
     return "\n".join(out)
