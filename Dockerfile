@@ -32,27 +32,24 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 # comes along because the wheel holds it; `lmroute replica` runs on the router's own
 # dependencies, the rest of sim/ is unusable without the sim extra and stays unused.
 COPY pyproject.toml setup.py README.md /src/
+COPY deploy/compile.sh /src/deploy/compile.sh
 COPY router /src/router
 COPY policies /src/policies
 COPY sim /src/sim
 # .wheels/ holds wheels for offline builds (deploy/wheels.sh); README.md keeps the glob
 # from matching nothing when it is absent.
 COPY README.md .wheel[s] /wheels/
-# The compiled build as `make fast` makes it: the pure install first (mypyc type-checks
-# against the dependencies), then the compiled one over it; the compiler's own packages
-# and the shared libraries' debug symbols stay out of the image.
+# The compiled build as `make fast` makes it (deploy/compile.sh); the compiler's own
+# packages and the shared libraries' debug symbols stay out of the image.
 RUN python3 -m venv /opt/lmroute \
- && /opt/lmroute/bin/pip install /src \
  && if [ "$COMPILED" = 1 ]; then \
-      /opt/lmroute/bin/pip install 'setuptools>=77' wheel 'mypy>=1.10' \
-      && LMROUTE_MYPYC=1 /opt/lmroute/bin/pip install --no-build-isolation --force-reinstall \
-           --no-deps /src \
+      /src/deploy/compile.sh /opt/lmroute/bin/python /src \
       && /opt/lmroute/bin/pip uninstall -y mypy librt ast-serialize pathspec mypy_extensions \
            wheel \
       && SP=$(/opt/lmroute/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))") \
-      && strip --strip-unneeded "$SP"/*__mypyc*.so "$SP"/router/*.so "$SP"/policies/*.so \
-      && (cd / && /opt/lmroute/bin/python -c "import policies.locality as m, router.proxy as p; \
-           assert m.__file__.endswith('.so') and p.__file__.endswith('.so')"); \
+      && strip --strip-unneeded "$SP"/*__mypyc*.so "$SP"/router/*.so "$SP"/policies/*.so; \
+    else \
+      /opt/lmroute/bin/pip install /src ; \
     fi \
  && /opt/lmroute/bin/pip uninstall -y pip \
  && /opt/lmroute/bin/lmroute serve --help >/dev/null
