@@ -24,7 +24,8 @@ to the router core with the rest: on a 2-core machine whose other core runs the 
 scaling question is CPU per request (summed over the workers), not throughput.
 
 ``--compiled VENV`` adds ``lmroute P (mypyc)`` targets: that venv's ``lmroute``, whose
-locality modules are compiled (``make fast``, setup.py), beside this checkout's pure one.
+locality modules are compiled (``make fast``, setup.py), beside this checkout's pure one;
+with ``--workers-policies``, also that build's ``--workers N`` targets.
 
 Each cell also records the 1-minute load average and how busy core 0 was beyond the
 router itself (``core0_other``: other processes on the router's core, the noise).
@@ -142,6 +143,10 @@ def router_cmds(args: argparse.Namespace, port: int, backends: list[str]) -> dic
             *pin, sys.executable, "-m", "router.cli", "serve", *[a for b in backends
             for a in ("--backend", b)], "--policy", policy, "--host", HOST, "--port", str(port),
             "--drain-grace-s", "0", "--workers", str(args.workers), *args.lmroute_args]
+        if args.compiled:  # and the same with the compiled build, beside its one worker
+            cmds[f"lmroute {policy} x{args.workers} workers (mypyc)"] = [
+                *serve(Path(args.compiled) / "bin" / "lmroute", policy),
+                "--workers", str(args.workers)]
     for server in args.server:  # the same app on another ASGI server (router.asgi)
         for policy in args.server_policies:
             env = ["env", f"LMROUTE_BACKENDS={','.join(backends)}", f"LMROUTE_POLICY={policy}",
@@ -268,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compiled-policies", nargs="+", default=["locality"])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--workers-policies", nargs="*", default=[],
-                    help="also run these policies with --workers N ('lmroute P xN workers')")
+                    help="also run these policies with --workers N ('lmroute P xN workers'; "
+                         "with --compiled, also that build's: 'lmroute P xN workers (mypyc)')")
     ap.add_argument("--server", action="append", default=[], choices=SERVERS,
                     help="also serve the app with this ASGI server instead of uvicorn "
                          "('lmroute P on SERVER', router.asgi; make bench-servers)")
