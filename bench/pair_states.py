@@ -10,7 +10,8 @@ a new prompt's prefill in the same engine steps as the running sequences' decode
 both delay it; the policies' cost model sees the first (its queue) and not the second.
 
 Printed per policy: the share of requests that arrived at an engine with nothing of
-ours in flight, the mean TTFT by (reason kind, prefilling, decoding) cell, and a least-
+ours in flight, the mean count of requests prefilling and decoding there at arrival (the
+queue each arrival found), the mean TTFT by (reason kind, prefilling, decoding) cell, and a least-
 squares fit over the cache hits::
 
     ttft = base + per_prefilling * prefilling + any_decoding * [decoding > 0]
@@ -119,7 +120,10 @@ def report(policies: dict[str, list[dict[str, Any]]]) -> str:
         lines += [f"## {policy}: {len(rows)} requests, mean TTFT "
                   f"{1e3 * np.mean([r['ttft_s'] for r in rows]):.1f} ms; "
                   f"{idle / len(rows):.0%} arrived at an engine with nothing of ours in flight",
-                  "", f"reasons: {dict(Counter(r['reason'] for r in rows))}", ""]
+                  "", f"reasons: {dict(Counter(r['reason'] for r in rows))}", "",
+                  "at arrival, on average: "
+                  f"{np.mean([r['prefilling'] for r in rows]):.2f} prefilling, "
+                  f"{np.mean([r['decoding'] for r in rows]):.2f} decoding", ""]
         hits, only_hits = warm(rows)
         f = fit(hits)
         if f is not None:

@@ -19,7 +19,7 @@ except ImportError:  # tests/ became a package
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from pair_states import requests_from_log, with_states
+from pair_states import report, requests_from_log, with_states
 
 
 def _stream(url: str, prompt: str, max_tokens: int,
@@ -61,3 +61,16 @@ def test_a_request_sent_while_another_decodes_sees_it_decoding(
     assert (first["prefilling"], first["decoding"]) == (0, 0)
     assert (second["prefilling"], second["decoding"]) == (0, 1)
     assert (third["prefilling"], third["decoding"]) == (0, 0)
+
+
+def test_the_report_gives_each_policys_mean_queue_at_arrival() -> None:
+    """Two requests on one replica that overlap, and one alone on the other: the first
+    arrival found nothing, the second one prefilling, the third nothing."""
+    def req(replica: str, start: float, ttft: float, total: float) -> dict[str, object]:
+        return {"replica": replica, "reason": "gpu-hit", "ttft_s": ttft, "total_s": total,
+                "end": start + total}
+    rows = with_states([req("a", 0.0, 0.5, 1.0), req("a", 0.2, 0.5, 1.0),
+                        req("b", 0.3, 0.1, 0.2)])
+    assert [(r["prefilling"], r["decoding"]) for r in rows] == [(0, 0), (1, 0), (0, 0)]
+    text = report({"locality": rows})
+    assert "at arrival, on average: 0.33 prefilling, 0.00 decoding" in text
