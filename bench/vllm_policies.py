@@ -29,8 +29,11 @@ first byte, total and end, from its access log; ``bench/pair_states.py`` rebuild
 them what each request's engine was doing when it arrived; the table's "arrivals at an
 idle engine" is the share that found none of ours in flight there). Per workload, policy: means
 over repetitions; for
-``locality`` against each other policy, the ratio of means with a 95 % t-interval over the
-repetitions, paired (policies run back to back inside a repetition).
+``locality`` (or ``--reference P``) against each other policy, the mean over repetitions
+of the per-repetition ratio, with its 95 % t-interval, paired (policies run back to back
+inside a repetition, on the same prompt set). ``--summarise RESULT [--reference P]``
+prints a saved result's table again, against another reference (an arm of ``locality``
+against a baseline) without running anything.
 
 A control arm, ``--policies ...,one_engine``: every request on one of the two engines
 (the router in front of that engine alone, ``least_loaded``; the engine alternates by
@@ -220,8 +223,10 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
-def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per workload and policy: means over repetitions; locality over each other, paired."""
+def summarise(runs: list[dict[str, Any]], reference: str = "locality") -> dict[str, Any]:
+    """Per workload and policy: means over repetitions; ``reference`` (a policy as named
+    in ``--policies``) over each other, paired by prompt set (the JSON keeps these ratios
+    as ``locality_over`` whatever the reference, and the reference as ``reference``)."""
     out: dict[str, Any] = {}
     for workload in sorted({r["workload"] for r in runs}):
         rows = [r for r in runs if r["workload"] == workload]
@@ -233,12 +238,12 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                  for p, rs in per.items()}
         ratios = {}
         for p, rs in per.items():
-            if p == "locality" or "locality" not in per:
+            if p == reference or reference not in per:
                 continue
             ratios[p] = {metric: t_interval([a[metric] / b[metric] for a, b in
-                                             zip(per["locality"], rs, strict=True)])
+                                             zip(per[reference], rs, strict=True)])
                          for metric in ("mean_ttft_s", "p90_ttft_s")}
-        out[workload] = {"policies": table, "locality_over": ratios}
+        out[workload] = {"policies": table, "locality_over": ratios, "reference": reference}
     return out
 
 
@@ -247,7 +252,8 @@ def markdown(summary: dict[str, Any]) -> str:
     for workload, s in summary.items():
         lines += [f"### {workload}", "", "| policy | failed | mean TTFT (s) | p90 TTFT (s) | "
                   "prefix-cache hit rate | busier replica's share | arrivals at an idle engine "
-                  "| locality / this: mean [95 % CI] | p90 |", "|---|---|---|---|---|---|---|---|---|"]
+                  f"| {s.get('reference', 'locality')} / this: mean [95 % CI] | p90 |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for p, row in s["policies"].items():
             r = s["locality_over"].get(p)
             rat = (" | ".join(f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in
@@ -308,7 +314,15 @@ def main() -> int:
                          "its compute threads")
     ap.add_argument("--json", default="out/vllm-policies.json")
     ap.add_argument("--plot", default=None)
+    ap.add_argument("--reference", default="locality",
+                    help="the policy whose paired ratios over every other are given")
+    ap.add_argument("--summarise", metavar="RESULT",
+                    help="run nothing: print the summary of a saved result (with --reference)")
     args = ap.parse_args()
+    if args.summarise:
+        print(markdown(summarise(json.loads(Path(args.summarise).read_text())["runs"],
+                                 args.reference)))
+        return 0
     policies = [p for p in args.policies.split(",") if p]
     model = make_model(vllm_python(), REPO / ".cache" / "e2e-model")
     engines = [VllmServer(vllm_python(), model, free_port(), f"tcp://*:{free_port()}",
@@ -340,7 +354,7 @@ def main() -> int:
         finally:
             for e in engines:
                 e.stop()
-    summary = summarise(runs)
+    summary = summarise(runs, args.reference)
     pinned = ("each engine's whole process tree on its own core" if args.pin_engines
               else "each engine's compute threads on its own core, the rest floating")
     doc = {"params": vars(args), "host": f"{os.cpu_count()} CPUs shared by both engines, "
