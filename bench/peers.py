@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -125,28 +126,30 @@ def router_cmds(args: argparse.Namespace, port: int, backends: list[str]) -> dic
             "--policy", "cache_aware", "--log-level", "error",
             "--prometheus-port", str(free_port()), "--prometheus-host", HOST]
 
-    def serve(exe: Path, policy: str) -> list[str]:  # another venv's ``lmroute serve``
-        return [*pin, str(exe), "serve", *[a for b in backends for a in ("--backend", b)],
-                "--policy", policy, "--host", HOST, "--port", str(port), "--drain-grace-s", "0",
-                *args.lmroute_args]
+    backend_args = [a for b in backends for a in ("--backend", b)]
+    here = [sys.executable, "-m", "router.cli"]  # this checkout's lmroute
+
+    def serve(entry: list[str], *options: str, after: Sequence[str] = ()) -> list[str]:
+        """``entry serve`` with this run's backends, address and ``--lmroute-args``; ``after``
+        comes last, so that it wins over those."""
+        return [*pin, *entry, "serve", *backend_args, *options, "--host", HOST, "--port",
+                str(port), "--drain-grace-s", "0", *args.lmroute_args, *after]
 
     if args.before:  # another checkout's lmroute (its own venv's entry point), same options
         for policy in args.before_policies:
             cmds[f"lmroute@before {policy}"] = serve(
-                Path(args.before) / ".venv" / "bin" / "lmroute", policy)
-    if args.compiled:  # the policies compiled by mypyc (make fast): that venv's entry point
+                [str(Path(args.before) / ".venv" / "bin" / "lmroute")], "--policy", policy)
+    compiled = [str(Path(args.compiled) / "bin" / "lmroute")] if args.compiled else None
+    if compiled:  # the policies compiled by mypyc (make fast): that venv's entry point
         for policy in args.compiled_policies:
-            cmds[f"lmroute {policy} (mypyc)"] = serve(Path(args.compiled) / "bin" / "lmroute",
-                                                       policy)
+            cmds[f"lmroute {policy} (mypyc)"] = serve(compiled, "--policy", policy)
+    workers = ("--workers", str(args.workers))
     for policy in args.workers_policies:  # N workers, all on the router core: CPU/request
-        cmds[f"lmroute {policy} x{args.workers} workers"] = [
-            *pin, sys.executable, "-m", "router.cli", "serve", *[a for b in backends
-            for a in ("--backend", b)], "--policy", policy, "--host", HOST, "--port", str(port),
-            "--drain-grace-s", "0", "--workers", str(args.workers), *args.lmroute_args]
-        if args.compiled:  # and the same with the compiled build, beside its one worker
-            cmds[f"lmroute {policy} x{args.workers} workers (mypyc)"] = [
-                *serve(Path(args.compiled) / "bin" / "lmroute", policy),
-                "--workers", str(args.workers)]
+        cmds[f"lmroute {policy} x{args.workers} workers"] = serve(here, "--policy", policy,
+                                                                   *workers)
+        if compiled:  # and the same with the compiled build, beside its one worker
+            cmds[f"lmroute {policy} x{args.workers} workers (mypyc)"] = serve(
+                compiled, "--policy", policy, *workers)
     for server in args.server:  # the same app on another ASGI server (router.asgi)
         for policy in args.server_policies:
             env = ["env", f"LMROUTE_BACKENDS={','.join(backends)}", f"LMROUTE_POLICY={policy}",
@@ -155,17 +158,12 @@ def router_cmds(args: argparse.Namespace, port: int, backends: list[str]) -> dic
     if args.floor:  # no router at all: the interpreter and uvloop relaying bytes
         cmds["python floor (uvloop byte relay)"] = [
             *pin, sys.executable, str(HERE / "raw_relay.py"), "--host", HOST, "--port", str(port),
-            *[a for b in backends for a in ("--backend", b)]]
+            *backend_args]
     for variant in args.variant:  # NAME=ARGS: `lmroute serve ARGS` as target NAME
         name, _, extra = variant.partition("=")
-        cmds[name] = [*pin, sys.executable, "-m", "router.cli", "serve", *[a for b in backends
-                      for a in ("--backend", b)], "--host", HOST, "--port", str(port),
-                      "--drain-grace-s", "0", *args.lmroute_args, *extra.split()]
+        cmds[name] = serve(here, after=extra.split())
     for policy in args.policies:
-        cmds[f"lmroute {policy}"] = [
-            *pin, sys.executable, "-m", "router.cli", "serve", *[a for b in backends
-            for a in ("--backend", b)], "--policy", policy, "--host", HOST, "--port", str(port),
-            "--drain-grace-s", "0", *args.lmroute_args]
+        cmds[f"lmroute {policy}"] = serve(here, "--policy", policy)
     return cmds
 
 
