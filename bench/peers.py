@@ -155,10 +155,12 @@ def router_cmds(args: argparse.Namespace, port: int, backends: list[str]) -> dic
             env = ["env", f"LMROUTE_BACKENDS={','.join(backends)}", f"LMROUTE_POLICY={policy}",
                    "LMROUTE_ACCESS_LOG=false"]
             cmds[f"lmroute {policy} on {server}"] = [*env, *pin, *server_cmd(server, port)]
+    floor = [*pin, sys.executable, str(HERE / "raw_relay.py"), "--host", HOST, "--port",
+             str(port), *backend_args]
     if args.floor:  # no router at all: the interpreter and uvloop relaying bytes
-        cmds["python floor (uvloop byte relay)"] = [
-            *pin, sys.executable, str(HERE / "raw_relay.py"), "--host", HOST, "--port", str(port),
-            *backend_args]
+        cmds["python floor (uvloop byte relay)"] = floor
+    if args.floor_workers:  # the same relay in N processes on the router's core
+        cmds[f"python floor x{args.workers} workers"] = [*floor, "--workers", str(args.workers)]
     for variant in args.variant:  # NAME=ARGS: `lmroute serve ARGS` as target NAME
         name, _, extra = variant.partition("=")
         cmds[name] = serve(here, after=extra.split())
@@ -280,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--floor", action="store_true",
                     help="also run bench/raw_relay.py: a uvloop byte relay, no HTTP (the floor "
                          "of any Python router)")
+    ap.add_argument("--floor-workers", action="store_true",
+                    help="also run that relay in --workers processes serving one socket "
+                         "('python floor xN workers'): what N processes on one core cost "
+                         "with no router in them")
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=ARGS: also `lmroute serve ARGS` as target NAME (repeat)")
     ap.add_argument("--only", nargs="+", choices=("nonstream", "stream", "paced", "c1"),

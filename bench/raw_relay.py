@@ -8,6 +8,10 @@ beside the routers to show what the interpreter and uvloop alone cost per reques
 streamed event, i.e. how close any Python design on this stack could come to the Rust
 routers.
 
+``--workers N`` binds the port once and forks N processes that serve that one socket, as
+``lmroute serve --workers N`` does (``router.workers``): what N processes cost per event
+when nothing but the relay runs in them (``bench/peers.py --floor-workers``).
+
     python bench/raw_relay.py --port 8100 --backend http://127.0.0.1:8001 [--backend ...]
 """
 
@@ -16,6 +20,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
+import signal
+import socket
 from urllib.parse import urlsplit
 
 import uvloop
@@ -45,14 +52,10 @@ class _Pipe(asyncio.Protocol):
             self.other.transport.close()
 
 
-async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--backend", action="append", required=True)
-    args = ap.parse_args()
+async def serve(sock: socket.socket, backends: list[str]) -> None:
+    """Relay every connection accepted on ``sock`` to the next of ``backends``."""
     loop = asyncio.get_running_loop()
-    targets = itertools.cycle([(u.hostname, u.port) for u in map(urlsplit, args.backend)])
+    targets = itertools.cycle([(u.hostname, u.port) for u in map(urlsplit, backends)])
     connecting: set[asyncio.Task[None]] = set()  # held until done (the loop keeps weak refs)
 
     def accept() -> _Pipe:
@@ -81,10 +84,42 @@ async def main() -> None:
         task.add_done_callback(connecting.discard)
         return client
 
-    server = await loop.create_server(accept, args.host, args.port)
+    server = await loop.create_server(accept, sock=sock)
     async with server:
         await server.serve_forever()
 
 
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--backend", action="append", required=True)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="processes serving the one socket (forked after binding it)")
+    args = ap.parse_args()
+    sock = socket.create_server((args.host, args.port), backlog=2048)
+    if args.workers <= 1:
+        uvloop.run(serve(sock, args.backend))
+        return
+    children = []
+    for _ in range(args.workers):  # forked before any event loop exists
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            uvloop.run(serve(sock, args.backend))
+            os._exit(0)
+        children.append(pid)
+    sock.close()
+
+    def stop(signum: int, _frame: object) -> None:
+        for child in children:
+            os.kill(child, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for child in children:
+        os.waitpid(child, 0)
+
+
 if __name__ == "__main__":
-    uvloop.run(main())
+    main()
