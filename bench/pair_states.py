@@ -23,6 +23,11 @@ prefilling, per policy; and per policy the mean TTFT of hits against sequences d
 one line per prefilling count (cells of at least 5 requests).
 
     .venv/bin/python bench/pair_states.py docs/vllm-pinned-states-r8-570.json [--plot P]
+        [--skip-seeds N ...]
+
+Only requests on a generating route count (``GENERATING``; recorded since the
+thirty-second session, so earlier runs' records hold the client's ``/tokenize`` calls too:
+one a set, 0.4 % of the records, but all 241 of run 640's set 643).
 """
 
 from __future__ import annotations
@@ -39,14 +44,19 @@ import numpy as np
 
 # A served reply's access line (``router.logs``, plain format).
 _ACCESS = re.compile(
-    r"^(\S+) INFO lmroute\.access: POST \S+ 200 .* replica=(\S+) reason=(\S+) "
+    r"^(\S+) INFO lmroute\.access: POST (\S+) 200 .* replica=(\S+) reason=(\S+) "
     r"ttft_s=(\S+) total_s=(\S+)")
+# The routes whose requests the engine prefills and decodes. vLLM's benchmark client also
+# POSTs ``/tokenize`` through the router (one a set, and in one set of run 640 all 241
+# after the client's start): served in milliseconds on the same engines, they are no
+# arrivals of the workload and made each set's requests overlap them.
+GENERATING = ("/v1/completions", "/v1/chat/completions")
 CAP = 3  # cells past this many prefilling (decoding: 2 * CAP) are pooled
 
 
 def requests_from_log(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """Every served POST in a router's access log: replica, reason, ttft_s, total_s and
-    ``end`` (seconds since the epoch, to the millisecond)."""
+    """Every served POST in a router's access log: path, replica, reason, ttft_s,
+    total_s and ``end`` (seconds since the epoch, to the millisecond)."""
     out = []
     for line in lines:
         m = _ACCESS.match(line)
@@ -54,9 +64,15 @@ def requests_from_log(lines: Iterable[str]) -> list[dict[str, Any]]:
             continue
         end = datetime.datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
             tzinfo=datetime.UTC).timestamp()
-        out.append({"replica": m[2], "reason": m[3], "ttft_s": float(m[4]),
-                    "total_s": float(m[5]), "end": round(end, 3)})
+        out.append({"path": m[2].split("?", 1)[0], "replica": m[3], "reason": m[4],
+                    "ttft_s": float(m[5]), "total_s": float(m[6]), "end": round(end, 3)})
     return out
+
+
+def generating(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The requests on a ``GENERATING`` route; a record without its path (runs before the
+    path was recorded, up to run 640) is kept, as nothing tells what it was."""
+    return [r for r in requests if r.get("path", GENERATING[0]) in GENERATING]
 
 
 def with_states(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -105,11 +121,15 @@ def fit(rows: list[dict[str, Any]]) -> dict[str, float] | None:
                     (float(c) for c in coef), strict=True))
 
 
-def by_policy(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+def by_policy(doc: dict[str, Any], skip_seeds: Iterable[int] = ()
+              ) -> dict[str, list[dict[str, Any]]]:
+    """Each policy's requests with their states, set by set, the sets of ``skip_seeds``
+    left out."""
+    skip = set(skip_seeds)
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for run in doc["runs"]:
-        if run.get("per_request"):
-            out[run["policy"]] += with_states(run["per_request"])
+        if run.get("per_request") and run.get("seed") not in skip:
+            out[run["policy"]] += with_states(generating(run["per_request"]))
     return dict(out)
 
 
@@ -190,9 +210,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("json", help="a bench/vllm_policies.py result with per-request records")
     ap.add_argument("--plot", default=None)
+    ap.add_argument("--skip-seeds", type=int, nargs="+", default=[],
+                    help="leave these sets out (run 640's set 643: its records, made before "
+                         "each record's path was kept, hold the client's /tokenize calls)")
     args = ap.parse_args()
     with open(args.json) as fh:
-        policies = by_policy(json.load(fh))
+        policies = by_policy(json.load(fh), args.skip_seeds)
     if not policies:
         raise SystemExit(f"{args.json}: no run has per-request records (`per_request`)")
     print(report(policies))

@@ -73,7 +73,7 @@ from scipy import stats
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests" / "e2e"), str(HERE.parent / "tests")]
 
-from pair_states import requests_from_log, with_states  # noqa: E402
+from pair_states import generating, requests_from_log, with_states  # noqa: E402
 from servers import router  # noqa: E402
 from servers_redis import free_port  # noqa: E402
 from vllm_servers import MODEL_NAME, REPO, VllmServer, cpu_features, make_model, vllm_python  # noqa: E402
@@ -187,7 +187,7 @@ def one_run(engines: list[VllmServer], model: Path, policy: str, workload: str,
         state["decisions"] = decisions(lm.url)
     finally:
         lm.stop()
-    served = [r for r in requests_from_log(lm.log_lines())
+    served = [r for r in generating(requests_from_log(lm.log_lines()))
               if r["end"] - r["total_s"] >= client_start - 0.01]
     detail = json.loads(result.read_text())
     ttfts = [t for t in detail.get("ttfts", []) if t]

@@ -19,7 +19,7 @@ except ImportError:  # tests/ became a package
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from pair_states import report, requests_from_log, with_states
+from pair_states import by_policy, generating, report, requests_from_log, with_states
 
 
 def _stream(url: str, prompt: str, max_tokens: int,
@@ -48,9 +48,16 @@ def test_a_request_sent_while_another_decodes_sees_it_decoding(
     _stream(rt.url, "beta " * 40, 4)
     a.join()
     _stream(rt.url, "gamma " * 40, 4)
+    # vLLM's benchmark client POSTs /tokenize through the router too: no arrival of the
+    # workload, it must not count (it made every request of a set overlap one).
+    tok = httpx.post(rt.url + "/tokenize", json={"model": "emulated-27b", "prompt": "delta"},
+                     timeout=30)
+    assert tok.status_code == 200
     time.sleep(0.2)  # the access line is written as the reply ends
 
-    rows = with_states(requests_from_log(rt.log_lines()))
+    logged = requests_from_log(rt.log_lines())
+    assert sorted(r["path"] for r in logged) == ["/tokenize", *["/v1/completions"] * 3]
+    rows = with_states(generating(logged))
     assert len(rows) == 3
     rows.sort(key=lambda r: r["end"] - r["total_s"])
     first, second, third = rows
@@ -74,3 +81,23 @@ def test_the_report_gives_each_policys_mean_queue_at_arrival() -> None:
     assert [(r["prefilling"], r["decoding"]) for r in rows] == [(0, 0), (1, 0), (0, 0)]
     text = report({"locality": rows})
     assert "at arrival, on average: 0.33 prefilling, 0.00 decoding" in text
+
+
+def test_sets_left_out_and_records_of_other_routes_are_not_counted() -> None:
+    """``by_policy``: a record of ``/tokenize`` overlapping a request is dropped (it would
+    have shown that request arriving behind one prefilling), a record without a path
+    (runs before it was kept) is kept, and ``skip_seeds`` drops a whole set."""
+    def req(path: str | None, start: float) -> dict[str, object]:
+        r: dict[str, object] = {"replica": "a", "reason": "gpu-hit", "ttft_s": 0.5,
+                                "total_s": 1.0, "end": start + 1.0}
+        if path is not None:
+            r["path"] = path
+        return r
+    doc = {"runs": [
+        {"policy": "p", "seed": 1, "per_request": [req("/tokenize", 0.0),
+                                                   req("/v1/completions", 0.1)]},
+        {"policy": "p", "seed": 2, "per_request": [req(None, 0.0), req(None, 0.1)]},
+        {"policy": "p", "seed": 3, "per_request": [req("/v1/chat/completions", 0.0)]}]}
+    rows = by_policy(doc, skip_seeds=[3])["p"]
+    assert [(r["end"], r["prefilling"]) for r in rows] == [(1.1, 0), (1.0, 0), (1.1, 1)]
+    assert len(by_policy(doc)["p"]) == 4
