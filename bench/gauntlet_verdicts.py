@@ -12,6 +12,14 @@ how many cells pass and lists every cell that does not (markdown):
 
 "Best other" is chosen per cell and load after the fact (the lowest across-seed mean of
 every other policy), which favours the baselines.
+
+``--target P`` judges a variant of ``locality`` instead (``locality@OPTIONS``), against
+the baselines only, and ``--with DOC ...`` adds the raw rows of other gauntlet runs of the
+same matrix first: a variant run alone with the same knees and seeds joins the baselines
+of a committed run (the simulations pair by seed; rows of different knees never pair).
+
+    .venv/bin/python bench/gauntlet_verdicts.py docs/gauntlet-8seeds-full.json \
+        --with out/gauntlet-arm.json --target "locality@tie_work=false"
 """
 
 from __future__ import annotations
@@ -20,13 +28,30 @@ import argparse
 import json
 from typing import Any
 
+from sim.experiments import gauntlet_report
+from sim.experiments.gauntlet import is_locality
+
 
 def _fmt(r: dict[str, Any], m: str) -> str:
     lo, hi = r[f"ratio_{m}_ci"]
     return f"{r[f'ratio_{m}']:.2f} [{lo:.2f}, {hi:.2f}] vs {r[f'best_other_{m}']}"
 
 
+def retarget(doc: dict[str, Any], target: str, others: list[dict[str, Any]]
+             ) -> dict[str, Any]:
+    """``doc`` with the raw rows of ``others`` added, its ratios and capacities those of
+    ``target`` against the baselines."""
+    raw = [r for d in (doc, *others) for r in d["raw"]]
+    knees = {**doc["knees"], **{k: v for d in others for k, v in d["knees"].items()
+                                if k not in doc["knees"]}}
+    rows = gauntlet_report.aggregate_rows(raw)
+    return {**doc, "raw": raw, "rows": rows, "target": target,
+            "ratios": gauntlet_report.ratios(raw, target),
+            "capacity": gauntlet_report.capacity(rows, knees)}
+
+
 def verdicts(doc: dict[str, Any]) -> list[str]:
+    target = doc.get("target", "locality")
     ratios = doc["ratios"]
     out: list[str] = []
     under = [r for r in ratios if r["load"] <= 1.0]
@@ -51,10 +76,10 @@ def verdicts(doc: dict[str, Any]) -> list[str]:
         cells.setdefault(c["cell"], {})[c["policy"]] = c["capacity"]
     fail3 = []
     for cell, caps in cells.items():
-        mine = caps.get("locality")
-        others = [v for p, v in caps.items() if p != "locality" and v is not None]
+        mine = caps.get(target)
+        others = [v for p, v in caps.items() if not is_locality(p) and v is not None]
         if mine is not None and others and mine < max(others):
-            fail3.append(f"- {cell}: locality {mine:g}, best other {max(others):g}")
+            fail3.append(f"- {cell}: {target} {mine:g}, best other {max(others):g}")
     out.append(f"## 3. Capacity: {len(cells) - len(fail3)} of {len(cells)} cells "
                "at least the best other's")
     out += fail3
@@ -68,9 +93,20 @@ def verdicts(doc: dict[str, Any]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("result", help="a gauntlet JSON document")
+    ap.add_argument("--target", default="locality",
+                    help="the policy judged (a locality variant, as named in the run)")
+    ap.add_argument("--with", dest="others", nargs="+", default=[], metavar="DOC",
+                    help="gauntlet documents of the same matrix whose raw rows are added")
     args = ap.parse_args()
     with open(args.result) as fh:
-        print("\n".join(verdicts(json.load(fh))))
+        doc = json.load(fh)
+    if args.others or args.target != "locality":
+        others = []
+        for path in args.others:
+            with open(path) as fh:
+                others.append(json.load(fh))
+        doc = retarget(doc, args.target, others)
+    print("\n".join(verdicts(doc)))
 
 
 if __name__ == "__main__":
