@@ -97,6 +97,8 @@ def main() -> None:
                     help="the policy judged (a locality variant, as named in the run)")
     ap.add_argument("--with", dest="others", nargs="+", default=[], metavar="DOC",
                     help="gauntlet documents of the same matrix whose raw rows are added")
+    ap.add_argument("--plot", default=None,
+                    help="also write the heat map of the judged policy's ratios (PNG)")
     args = ap.parse_args()
     with open(args.result) as fh:
         doc = json.load(fh)
@@ -107,6 +109,8 @@ def main() -> None:
                 others.append(json.load(fh))
         doc = retarget(doc, args.target, others)
     print("\n".join(verdicts(doc)))
+    if args.plot:
+        gauntlet_report.heatmap(doc, args.plot)
 
 
 if __name__ == "__main__":

@@ -169,7 +169,9 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def heatmap(doc: dict[str, Any], path: str | Path) -> None:
-    """Rows = cells, columns = loads, colour = log2(locality / best other), p90 and mean."""
+    """Rows = cells, columns = loads, colour = log2(locality / best other), p90 and mean
+    (``doc["target"]``, where set, is the policy judged instead of ``locality``)."""
+    who = doc.get("target", "locality")
     cells = list(dict.fromkeys(r["cell"] for r in doc["ratios"]))
     loads = sorted({r["load"] for r in doc["ratios"]})
     height = max(3.0, 0.35 * len(cells) + 1.5)
@@ -187,5 +189,5 @@ def heatmap(doc: dict[str, Any], path: str | Path) -> None:
             ax.set_xticks(range(len(loads)), [f"{x:g}" for x in loads])
             ax.set_yticks(range(len(cells)), cells, fontsize=7)
             ax.set_xlabel("load, x knee")
-            ax.set_title(f"locality / best other, {m} TTFT")
-        fig.colorbar(image, ax=axes[0, 1], label="log2 ratio (green: locality faster)")
+            ax.set_title(f"{who} / best other, {m} TTFT", fontsize=8 if len(who) > 20 else None)
+        fig.colorbar(image, ax=axes[0, 1], label=f"log2 ratio (green: {who.split('@')[0]} faster)")
