@@ -204,6 +204,7 @@ def cell(kind: str, target: str, port: int, pid: int | None, lua: Path, rnd: int
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     py = sys.executable
     cells: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="peers_") as tmp, ExitStack() as stack:
@@ -241,7 +242,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for name in order:
                     port, pid = where[name]
                     cells.append(cell(kind, name, port, pid, luas[mode], rnd, conns, dur))
-    return {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
+    # (Before the thirty-second session "started_at" was written here, at the end.)
+    return {"started_at": started_at, "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "cpus": os.cpu_count(),
             "python": sys.version.split()[0], "events_per_paced_stream": args.events + 1,
             "paced_delay_ms": args.delay_ms, "paced_conns": args.paced_conns,
             "baseline": BASELINE, "peers": peer_versions(Path(args.peers_venv)),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -113,7 +114,8 @@ def main() -> None:
 
     def stop(signum: int, _frame: object) -> None:
         for child in children:
-            os.kill(child, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # one that has already gone
+                os.kill(child, signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     py = sys.executable
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     results: list[WrkResult] = []
     with tempfile.TemporaryDirectory(prefix="router_bench_") as tmp:
         luas: dict[str, Path] = {}
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "started_at": started_at, "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "results": [asdict(r) for r in results], "table": out}, indent=2))
     return 0
 
