@@ -64,7 +64,16 @@ prefixes placed by a hash land unevenly and keep their readers there:
 90/30 in one run), then the fewest in flight (replies still streaming: their sessions
 will come back), then, for a prompt no candidate holds, the least predicted service
 dispatched lately, then the session's rendezvous order (the only order when another
-router's requests are on a candidate: it is the one all routers agree on). Without it,
+router's requests are on a candidate: it is the one all routers agree on). A copy or a
+recompute whose extra work is at most ``cheap_copy`` (off by default; 1 in the runs
+below) x the mean observed service time is cheap: it is tied when its score less that
+work's charge is within the margin, and is taken only where fewer of our requests are
+queued than at every candidate that adds no work. On the vLLM CPU pair a
+1,500-token prefix costs about half a service to recompute; keeping each prefix on one
+engine left its arrivals behind longer queues than ``least_loaded``'s, whose TTFT cheap
+copies matched (one copy of each prefix, then the count); a 32k-128k document costs many
+services, and copying it whenever the count said so lost the gauntlet's `docqa` cells
+(up to 4x at the knee without a pool). Without it,
 the replica the calibration believes faster wins every tie, and at low load nearly
 every request is one. A prompt that no candidate holds any of, as far as this router
 knows, and that is at least 16,384 tokens long goes by its prefix's order instead
@@ -164,7 +173,13 @@ class LocalityConfig:
     router that has seen no other router's requests counts as queued behind a placement
     at most the arrivals expected during its wait and service (Little's law: the
     replica's dispatch rate, ``policies.dispatch_rate``, decayed with this time constant;
-    0: off, the queue's length as is)."""
+    0: off, the queue's length as is); ``cheap_copy``: a placement whose extra work (a
+    copy or a recompute, beyond the least) is at most this times the mean observed service
+    time is tied with the best when its score less that work's charge is, and among ties
+    is put behind the others only by the queues (``tie_work`` puts a copy behind them all,
+    ``_tie_key``): where a recompute costs less than a service,
+    balance by count buys more than keeping each prefix in one place (0: off; before any
+    reply: off)."""
 
     prior: CostParams = field(default_factory=lambda: STUDY_PRIOR)
     work_weight: float = 1.0
@@ -192,6 +207,7 @@ class LocalityConfig:
     untrusted_ties: bool = True
     noise: float = 0.3
     sojourn_arrivals_s: float = 10.0
+    cheap_copy: float = 0.0
 
 
 @dataclass(slots=True)
@@ -331,7 +347,14 @@ class Locality(BasePolicy):
         tie_error = (self.config.distrust * cal.error_bound() if self.config.untrusted_ties
                      else error)
         bound = low * (1 + self.config.tie_margin + tie_error)
-        tied = [r for r in candidates if scores[r.id] <= bound]
+        # Copies cheaper than a service are tied on their score without their work
+        # (``cheap_copy``).
+        cheap = (self._cheap(request, estimates, work) if self.config.cheap_copy > 0
+                 else None)
+        if cheap:
+            tied = [r for r in candidates if scores[r.id] - cheap.get(r.id, 0.0) <= bound]
+        else:
+            tied = [r for r in candidates if scores[r.id] <= bound]
         if len(tied) > 1:
             # A prompt no candidate holds any of (that we know) goes by its anchor's order,
             # not its session's: another router may be computing that prefix right now,
@@ -341,10 +364,15 @@ class Locality(BasePolicy):
             key = f"#{request.anchor}" if anchored else request.session
             tied = rendezvous_rank(key, tied)
             adds = self._adds_work(request, estimates, work)
+            # A cheap copy waits for the queues: taken where it has fewer of ours queued,
+            # never where the holder has as few (an idle holder's hit costs nothing).
+            cheap_adds = adds.intersection(cheap) if cheap else set()
+            if cheap_adds:
+                adds = adds.difference(cheap_adds)
             # A prompt nobody holds goes where the fewest requests are committed, its
             # readers to come counted (``policies.new_prefixes``, ``new_balance_s``).
             fresh = self._new is not None and not foreign and cold and not anchored
-            best = min(tied, key=lambda r: self._tie_key(r, adds, foreign, fresh,
+            best = min(tied, key=lambda r: self._tie_key(r, adds, cheap_adds, foreign, fresh,
                                                          request.now)).id
         else:
             best = tied[0].id
@@ -427,6 +455,34 @@ class Locality(BasePolicy):
                                mean_service=mean_service)
         return scores
 
+    def _cheap(self, request: RequestView, estimates: dict[str, Estimate],
+               work: tuple[dict[tuple[int, int, int], float], float] | None
+               ) -> dict[str, float]:
+        """The candidates whose extra work is at most ``cheap_copy`` x the mean observed
+        service time, each with the charge that work adds to its score: the work itself
+        in its own service and ``work_weight`` (shared among the prefix's readers, as
+        ``_scores`` shares it) beside it; none before any reply (no service observed) or
+        for a prompt shorter than one index block."""
+        # A prompt shorter than an index block has no prefix to copy: its extra work is
+        # only the session log's guess of its own prompt in flight (``_estimate``), and a
+        # benchmark's one request repeated over engines faster than the router (the test
+        # ``test_identical_engines_faster_than_the_router_share_its_traffic``) swung to
+        # 78 % on one with that counted as a cheap copy.
+        if work is None or not self._service_mean or request.residency.chain_blocks == 0:
+            return {}
+        work_of, least = work
+        limit = self.config.cheap_copy * (sum(self._service_mean.values())
+                                          / len(self._service_mean))
+        w = self.config.work_weight
+        if self.config.shared_copies:
+            w = w / (1 + request.residency.readers)
+        out: dict[str, float] = {}
+        for rid, e in estimates.items():
+            excess = work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens] - least
+            if 0 < excess <= limit:
+                out[rid] = (1 + w) * excess
+        return out
+
     def _benefit_weight(self) -> float:
         """The weight a copy's benefit counts with: ``copy_benefit``, none until
         calibration's warm-up has ended (``benefit_after_warmup``), then times the model's
@@ -454,19 +510,22 @@ class Locality(BasePolicy):
         return {rid for rid, e in estimates.items()
                 if work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens] > least}
 
-    def _tie_key(self, replica: ReplicaView, adds: set[str], foreign: set[str], fresh: bool,
-                 now: float) -> tuple[bool, float, int, float]:
-        """The order of tied candidates (``choose``): adding no work beyond the least; the
-        fewest of our requests queued, for a prompt nobody holds (``fresh``) plus the
-        readers expected of the new prefixes placed lately (``NewPrefixes.committed``);
-        the fewest in flight (not where other routers send too); for a fresh prompt the
-        least work placed lately."""
+    def _tie_key(self, replica: ReplicaView, adds: set[str], cheap: set[str],
+                 foreign: set[str], fresh: bool, now: float
+                 ) -> tuple[bool, float, bool, int, float]:
+        """The order of tied candidates (``choose``): adding no work beyond the least
+        (``cheap`` copies, ``cheap_copy``, excepted); the fewest of our requests queued,
+        for a prompt nobody holds (``fresh``) plus the readers expected of the new
+        prefixes placed lately (``NewPrefixes.committed``); then not a cheap copy; the
+        fewest in flight (not where other routers send too); for a fresh prompt the least
+        work placed lately."""
         queued = self._pending(replica.id)
         new = self._new
+        rid = replica.id
         if not fresh or new is None:
-            return (replica.id in adds, queued, 0 if foreign else replica.in_flight, 0.0)
-        return (replica.id in adds, new.committed(replica.id, queued, now), replica.in_flight,
-                new.of(replica.id, now)[1])
+            return (rid in adds, queued, rid in cheap, 0 if foreign else replica.in_flight, 0.0)
+        return (rid in adds, new.committed(rid, queued, now), rid in cheap, replica.in_flight,
+                new.of(rid, now)[1])
 
     def _pending(self, replica: str) -> int:
         queue = self._queues.get(replica)

@@ -43,7 +43,8 @@ def test_a_copy_the_model_cannot_tell_from_waiting_is_not_made() -> None:
     """Three hits queued on the holder a, one request on b: the copy to b (a recompute)
     and the wait on a score within the tie margin. The tie keeps the prefix where it is;
     settled by the fewest queued it was copied, which on the vLLM pair put each of the
-    8 shared prefixes on both engines (hit rate 0.80 against `prefix_affinity`'s 0.86)."""
+    8 shared prefixes on both engines (hit rate 0.80 against `prefix_affinity`'s 0.86).
+    (No reply has been seen yet, so no copy is cheap: ``cheap_copy`` needs a service.)"""
     assert _queued_hit(LocalityConfig()) == "a"
     assert _queued_hit(LocalityConfig(tie_work=False)) == "b"
 
@@ -268,3 +269,47 @@ def test_the_error_behind_our_queue_is_measured_where_only_our_requests_queue() 
     # The same pairs on an engine running another router's request.
     shared = _taught(config, batched=True, a=ReplicaView(id="a", url="a", running=1.0))
     assert shared.describe()["queued_error"] == 0.0
+
+
+def _queued_hit_after_replies(config: LocalityConfig) -> str:
+    """``_queued_hit`` once each replica has answered one request in 0.5 s (the mean
+    observed service ``cheap_copy`` measures a copy's work against)."""
+    policy = Locality(config)
+    for i, replica in enumerate("ab"):
+        view = req(f"w{i}", 1636, session=f"w{i}")
+        decision = Decision(replica, "miss")
+        policy.dispatched(view, decision)
+        policy.observe(Outcome(view, decision, True, ttft_s=0.5, total_s=0.6, at=0.6))
+    for i, replica in enumerate("aaab"):
+        view = req(f"q{i}", 1636, gpu={"a": BLOCKS}, session=f"s{i}", now=1.0)
+        policy.dispatched(view, Decision(replica, "gpu-hit"))
+    return policy.choose(req("x", 1636, gpu={"a": BLOCKS}, session="t", now=1.0),
+                         reps("a", "b")).replica
+
+
+def test_a_copy_cheaper_than_a_service_is_settled_by_the_queues() -> None:
+    """The case above after replies of 0.5 s: the copy to b recomputes 1,536 tokens,
+    under the prior about 0.2 s, so with ``cheap_copy=1`` its work does not keep the
+    prefix on the busier holder (as choosing by count, ``least_loaded``, matched
+    the vLLM pair's TTFT); where the limit is below that work (0.01 x the service) or
+    off, the tie keeps it where it is."""
+    calm = LocalityConfig(calibrate=False)
+    assert calm.cheap_copy == 0.0  # off by default
+    assert _queued_hit_after_replies(calm) == "a"
+    assert _queued_hit_after_replies(replace(calm, cheap_copy=0.01)) == "a"
+    assert _queued_hit_after_replies(replace(calm, cheap_copy=1.0)) == "b"
+
+
+def test_a_cheap_copy_is_not_made_where_the_holder_is_as_free() -> None:
+    """After a reply, a hit on the idle holder's prefix with the other replica as idle:
+    the copy would be cheap and tied, but nothing is queued anywhere, so it would buy no
+    balance for its recompute; the hit stays where the prefix is, whichever order the
+    session's hash gives the replicas."""
+    for session in (f"t{i}" for i in range(8)):
+        policy = Locality(LocalityConfig(calibrate=False, cheap_copy=1.0))
+        view = req("w", 1636, session="w")
+        decision = Decision("a", "miss")
+        policy.dispatched(view, decision)
+        policy.observe(Outcome(view, decision, True, ttft_s=0.5, total_s=0.6, at=0.6))
+        hit = req("x", 1636, gpu={"a": BLOCKS}, session=session, now=1.0)
+        assert policy.choose(hit, reps("a", "b")).replica == "a"
