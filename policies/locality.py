@@ -64,19 +64,19 @@ prefixes placed by a hash land unevenly and keep their readers there:
 90/30 in one run), then the fewest in flight (replies still streaming: their sessions
 will come back), then, for a prompt no candidate holds, the least predicted service
 dispatched lately, then the session's rendezvous order (the only order when another
-router's requests are on a candidate: it is the one all routers agree on). A copy or a
-recompute whose extra work is at most ``cheap_copy`` (off by default; 1 in the runs
-below) x the mean observed service time is cheap: it is tied when its score less that
-work's charge is within the margin, and is taken only where fewer of our requests are
-queued than at every candidate that adds no work. On the vLLM CPU pair a
-1,500-token prefix costs about half a service to recompute; keeping each prefix on one
-engine left its arrivals behind longer queues than ``least_loaded``'s, whose TTFT cheap
-copies matched (one copy of each prefix, then the count); a 32k-128k document costs many
-services, and copying it whenever the count said so lost the gauntlet's `docqa` cells
-(up to 4x at the knee without a pool). Without it,
+router's requests are on a candidate: it is the one all routers agree on). Without it,
 the replica the calibration believes faster wins every tie, and at low load nearly
-every request is one. A prompt that no candidate holds any of, as far as this router
-knows, and that is at least 16,384 tokens long goes by its prefix's order instead
+every request is one. Cheap copies (``cheap_copy``, off by default; docs/locality.md,
+"Cheap copies"): a copy or a recompute of an indexed prefix whose extra work is at most
+``cheap_copy`` x the mean observed service time is tied when its score less that work's
+charge is within the margin, and is taken only where fewer of our requests are queued
+than at every tied candidate that adds no work. On the vLLM CPU pair a 1,500-token
+prefix costs about half a service to recompute, and keeping each prefix on one engine
+left its arrivals behind longer queues than ``least_loaded``'s (one copy of each prefix,
+then the count); a 32k-128k document costs many services, and copying it whenever the
+count said so lost the gauntlet's ``docqa`` cells (up to 4x at the knee without a pool).
+A prompt that no candidate holds any of, as far as this router knows, and that is at
+least 16,384 tokens long goes by its prefix's order instead
 (``anchored``; ``RequestView.anchor``, the key of its first 16,384 tokens; a shorter
 prompt's would change with each turn): routers that do not share placements then send
 a new document's first readers to one replica, where each computed it on its own (4
