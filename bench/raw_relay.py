@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 
 import uvloop
 
+from router.workers import bind
+
 
 class _Pipe(asyncio.Protocol):
     """One side of a relayed connection: what it reads goes to the ``other`` side's
@@ -98,7 +100,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1,
                     help="processes serving the one socket (forked after binding it)")
     args = ap.parse_args()
-    sock = socket.create_server((args.host, args.port), backlog=2048)
+    sock = bind(args.host, args.port)  # the socket ``lmroute serve`` listens on
     if args.workers <= 1:
         uvloop.run(serve(sock, args.backend))
         return

@@ -423,7 +423,7 @@ class Locality(BasePolicy):
         readers = request.residency.readers
         benefit_weight = self._benefit_weight() if readers > 0 else 0.0
         # Extra work that copies a prefix others are reading right now is shared with them.
-        extra_w = w / (1 + readers) if self.config.shared_copies else w
+        extra_w = self._extra_weight(request)
         mean_service = self._mean_service()
         # A session back during the service waits half of it. A prefix others read now is
         # priced by what a copy is worth to them (``copy_benefit``), not by this charge.
@@ -471,11 +471,8 @@ class Locality(BasePolicy):
         if work is None or not self._service_mean or request.residency.chain_blocks == 0:
             return {}
         work_of, least = work
-        limit = self.config.cheap_copy * (sum(self._service_mean.values())
-                                          / len(self._service_mean))
-        w = self.config.work_weight
-        if self.config.shared_copies:
-            w = w / (1 + request.residency.readers)
+        limit = self.config.cheap_copy * self._observed_service()
+        w = self._extra_weight(request)
         out: dict[str, float] = {}
         for rid, e in estimates.items():
             excess = work_of[e.gpu_tokens, e.pool_tokens, e.new_tokens] - least
@@ -535,7 +532,18 @@ class Locality(BasePolicy):
         """Mean observed service time over replicas (0: unknown, or the charge is off)."""
         if not self.config.load_aware_work or not self._service_mean:
             return 0.0
+        return self._observed_service()
+
+    def _observed_service(self) -> float:
+        """Mean observed service time over replicas (some replica has answered)."""
         return sum(self._service_mean.values()) / len(self._service_mean)
+
+    def _extra_weight(self, request: RequestView) -> float:
+        """Seconds of score per second of extra work a placement of ``request`` causes:
+        ``work_weight``, shared among the readers of the prefix it copies
+        (``shared_copies``)."""
+        w = self.config.work_weight
+        return w / (1 + request.residency.readers) if self.config.shared_copies else w
 
     @staticmethod
     def _reason(request: RequestView, chosen: Estimate, estimates: dict[str, Estimate]) -> str:
